@@ -1,0 +1,164 @@
+//! CreateVolume and DeleteVolume.
+//!
+//! CreateVolume is idempotent by name: the volume id is derived from the name, so a retry
+//! (also one after a crash) lands on the same id and finds what the first attempt made.
+//! The backing storage is made first and the record written last: a volume exists for the
+//! CO only once its record is durable, and storage left by a crash in between is adopted
+//! by the retry.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use tracing::{info, instrument};
+
+use crate::csi::v1::{
+    CreateVolumeRequest, CreateVolumeResponse, DeleteVolumeRequest, DeleteVolumeResponse, Volume,
+};
+use crate::driver::Driver;
+use crate::error::{Error, Result};
+use crate::ids::{ParsedId, VolumeId};
+use crate::store::VolumeRecord;
+use crate::validate;
+
+/// The CSI `Volume` message for a record.
+pub(super) fn volume_message(driver: &Driver, record: &VolumeRecord) -> Volume {
+    Volume {
+        capacity_bytes: i64::try_from(record.capacity_bytes).unwrap_or(i64::MAX),
+        volume_id: record.volume_id.clone(),
+        volume_context: Default::default(),
+        content_source: None,
+        accessible_topology: vec![validate::node_topology(&driver.config)],
+    }
+}
+
+#[instrument(skip_all, fields(method = "CreateVolume", name = %req.name), err)]
+pub(super) async fn create_volume(
+    driver: &Arc<Driver>,
+    req: CreateVolumeRequest,
+) -> Result<CreateVolumeResponse> {
+    validate::name("name", &req.name)?;
+    let caps = validate::capabilities("volume_capabilities", &req.volume_capabilities)?;
+    validate::parameters(&req.parameters)?;
+    if req.volume_content_source.is_some() {
+        return Err(Error::InvalidArgument(
+            "volume_content_source is not supported yet: ferrovol creates empty volumes only"
+                .into(),
+        ));
+    }
+    let default_fs = driver.config.default_fs_type;
+    let min_bytes = caps
+        .iter()
+        .map(|c| c.min_bytes(default_fs))
+        .max()
+        .unwrap_or(validate::MIN_SIZE);
+    let size = validate::volume_size(req.capacity_range.as_ref(), min_bytes)?;
+    if !validate::topology_allows(&driver.config, req.accessibility_requirements.as_ref()) {
+        return Err(Error::ResourceExhausted(format!(
+            "accessibility_requirements name no topology this driver can serve: it provisions only on {}={}",
+            crate::config::Config::TOPOLOGY_KEY,
+            driver.config.node_id
+        )));
+    }
+    let id = VolumeId::from_name(&req.name);
+    let key = id.to_string();
+    driver
+        .locked(&key, move |d| async move {
+            let parameters: BTreeMap<String, String> = req.parameters.into_iter().collect();
+            if let Some(existing) = d.volumes.get(id.as_str()) {
+                check_compatible(
+                    &existing,
+                    &req.name,
+                    req.capacity_range.as_ref(),
+                    &parameters,
+                )?;
+                return Ok(CreateVolumeResponse {
+                    volume: Some(volume_message(&d, &existing)),
+                });
+            }
+            let backend = Arc::clone(&d.backend);
+            let create_id = id.clone();
+            d.blocking(move || backend.create(&create_id, size)).await?;
+            let record = VolumeRecord {
+                volume_id: id.to_string(),
+                name: req.name,
+                capacity_bytes: size,
+                node_id: d.config.node_id.clone(),
+                parameters,
+                created_at: SystemTime::now()
+                    .duration_since(UNIX_EPOCH)
+                    .map_or(0, |t| t.as_secs()),
+                published: BTreeMap::new(),
+            };
+            let stored = Arc::clone(&d);
+            let to_store = record.clone();
+            let put = d
+                .blocking(move || stored.volumes.put(&to_store.volume_id.clone(), &to_store))
+                .await;
+            if let Err(e) = put {
+                // Without its record the volume does not exist: take the storage back.
+                let backend = Arc::clone(&d.backend);
+                let _ = d.blocking(move || backend.delete(&id)).await;
+                return Err(e);
+            }
+            info!(volume_id = %record.volume_id, capacity_bytes = size, "volume created");
+            Ok(CreateVolumeResponse {
+                volume: Some(volume_message(&d, &record)),
+            })
+        })
+        .await
+}
+
+/// Whether an existing volume satisfies a repeated CreateVolume.
+fn check_compatible(
+    existing: &VolumeRecord,
+    name: &str,
+    range: Option<&crate::csi::v1::CapacityRange>,
+    parameters: &BTreeMap<String, String>,
+) -> Result<()> {
+    if existing.name != name {
+        return Err(Error::AlreadyExists(format!(
+            "volume id {} already belongs to volume {:?}",
+            existing.volume_id, existing.name
+        )));
+    }
+    let (required, limit) = range.map_or((0, 0), |r| (r.required_bytes, r.limit_bytes));
+    let capacity = i64::try_from(existing.capacity_bytes).unwrap_or(i64::MAX);
+    if capacity < required || (limit > 0 && capacity > limit) {
+        return Err(Error::AlreadyExists(format!(
+            "volume {name:?} exists with {capacity} bytes, outside the requested range [{required}, {limit}]"
+        )));
+    }
+    if &existing.parameters != parameters {
+        return Err(Error::AlreadyExists(format!(
+            "volume {name:?} exists with different parameters"
+        )));
+    }
+    Ok(())
+}
+
+#[instrument(skip_all, fields(method = "DeleteVolume", volume_id = %req.volume_id), err)]
+pub(super) async fn delete_volume(
+    driver: &Arc<Driver>,
+    req: DeleteVolumeRequest,
+) -> Result<DeleteVolumeResponse> {
+    let id = match VolumeId::parse("volume_id", &req.volume_id)? {
+        ParsedId::Ours(id) => id,
+        // Never one of ours, so it does not exist: deleting it succeeds.
+        ParsedId::Foreign => return Ok(DeleteVolumeResponse {}),
+    };
+    let key = id.to_string();
+    driver
+        .locked(&key, move |d| async move {
+            let backend = Arc::clone(&d.backend);
+            let delete_id = id.clone();
+            d.blocking(move || backend.delete(&delete_id)).await?;
+            let stored = Arc::clone(&d);
+            let record_id = id.to_string();
+            d.blocking(move || stored.volumes.remove(&record_id))
+                .await?;
+            info!(volume_id = %id, "volume deleted");
+            Ok(DeleteVolumeResponse {})
+        })
+        .await
+}

@@ -1,0 +1,93 @@
+//! The state every service shares: configuration, backend, records, locks, and the bounded
+//! pool of blocking work.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use tokio::sync::Semaphore;
+
+use crate::backend::Backend;
+use crate::config::Config;
+use crate::error::{Error, Result};
+use crate::locks::OpLocks;
+use crate::store::{RecordDir, StageRecord, VolumeRecord};
+
+/// Shared state of one driver process.
+#[derive(Debug)]
+pub struct Driver {
+    /// Settings from the command line.
+    pub config: Config,
+    /// Where volumes live.
+    pub backend: Arc<dyn Backend>,
+    /// The controller's volume records.
+    pub volumes: RecordDir<VolumeRecord>,
+    /// The node's records of staged volumes.
+    pub staged: RecordDir<StageRecord>,
+    /// One operation per volume at a time.
+    pub locks: Arc<OpLocks>,
+    /// Bounds how much blocking work (ioctls, mounts, fsyncs) runs at once, so one hung
+    /// device cannot take every blocking thread.
+    blocking_slots: Semaphore,
+}
+
+impl Driver {
+    /// Opens the metadata store under `config.state_dir`.
+    ///
+    /// # Errors
+    /// `Io` or `Record` when the store cannot be opened.
+    pub fn open(config: Config, backend: Arc<dyn Backend>) -> Result<Arc<Self>> {
+        let volumes = RecordDir::open(&config.state_dir.join("volumes"))?;
+        let staged = RecordDir::open(&config.state_dir.join("staged"))?;
+        let slots = config.max_blocking_jobs.max(1);
+        Ok(Arc::new(Driver {
+            config,
+            backend,
+            volumes,
+            staged,
+            locks: Arc::new(OpLocks::default()),
+            blocking_slots: Semaphore::new(slots),
+        }))
+    }
+
+    /// Runs blocking work on a blocking thread, within the bound on concurrent jobs.
+    ///
+    /// # Errors
+    /// Whatever `work` returns; `Internal` if the thread panicked.
+    pub async fn blocking<T, F>(&self, work: F) -> Result<T>
+    where
+        F: FnOnce() -> Result<T> + Send + 'static,
+        T: Send + 'static,
+    {
+        let _slot = self
+            .blocking_slots
+            .acquire()
+            .await
+            .map_err(|_| Error::Internal("blocking job pool closed".into()))?;
+        tokio::task::spawn_blocking(work)
+            .await
+            .map_err(|e| Error::Internal(format!("blocking job failed: {e}")))?
+    }
+
+    /// Runs an operation on `key` under its lock, in a task of its own.
+    ///
+    /// The lock moves into the task, so when the client gives up (tonic drops the handler
+    /// future) the operation still runs to its end and the volume stays locked until then.
+    ///
+    /// # Errors
+    /// `Aborted` when another operation holds `key`; otherwise whatever `op` returns.
+    pub async fn locked<T, F, Fut>(self: &Arc<Self>, key: &str, op: F) -> Result<T>
+    where
+        F: FnOnce(Arc<Driver>) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<T>> + Send + 'static,
+        T: Send + 'static,
+    {
+        let guard = self.locks.try_lock(key)?;
+        let driver = Arc::clone(self);
+        tokio::spawn(async move {
+            let _guard = guard;
+            op(driver).await
+        })
+        .await
+        .map_err(|e| Error::Internal(format!("operation on {key} failed: {e}")))?
+    }
+}

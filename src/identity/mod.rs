@@ -1,0 +1,104 @@
+//! The Identity service: GetPluginInfo, GetPluginCapabilities and Probe.
+//!
+//! Probe answers `ready=false` (not an error) while the pool or, on a node, the loop
+//! control device is unusable, so that liveness checks can tell "up but not ready".
+
+use std::path::Path;
+use std::sync::Arc;
+
+use tonic::{Request, Response, Status};
+use tracing::{instrument, warn};
+
+use crate::config::Mode;
+use crate::csi::v1::identity_server::Identity;
+use crate::csi::v1::plugin_capability::{service, Service, Type};
+use crate::csi::v1::{
+    GetPluginCapabilitiesRequest, GetPluginCapabilitiesResponse, GetPluginInfoRequest,
+    GetPluginInfoResponse, PluginCapability, ProbeRequest, ProbeResponse,
+};
+use crate::driver::Driver;
+use crate::error::{Error, Result};
+
+/// Serves the CSI Identity service.
+#[derive(Debug, Clone)]
+pub struct IdentityService {
+    /// Shared driver state.
+    driver: Arc<Driver>,
+}
+
+impl IdentityService {
+    /// A service over the shared driver state.
+    pub fn new(driver: Arc<Driver>) -> Self {
+        IdentityService { driver }
+    }
+
+    /// Whether the driver can serve requests now; the error says why not.
+    ///
+    /// # Errors
+    /// The first problem found.
+    pub async fn readiness(&self) -> Result<()> {
+        let backend = Arc::clone(&self.driver.backend);
+        self.driver.blocking(move || backend.check()).await?;
+        if self.driver.config.mode != Mode::Controller && !Path::new("/dev/loop-control").exists() {
+            return Err(Error::FailedPrecondition(
+                "/dev/loop-control is missing".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+fn service_capability(kind: service::Type) -> PluginCapability {
+    PluginCapability {
+        r#type: Some(Type::Service(Service {
+            r#type: kind as i32,
+        })),
+    }
+}
+
+#[tonic::async_trait]
+impl Identity for IdentityService {
+    #[instrument(skip_all, fields(method = "GetPluginInfo"))]
+    async fn get_plugin_info(
+        &self,
+        _request: Request<GetPluginInfoRequest>,
+    ) -> Result<Response<GetPluginInfoResponse>, Status> {
+        Ok(Response::new(GetPluginInfoResponse {
+            name: self.driver.config.driver_name.clone(),
+            vendor_version: env!("CARGO_PKG_VERSION").to_owned(),
+            manifest: Default::default(),
+        }))
+    }
+
+    #[instrument(skip_all, fields(method = "GetPluginCapabilities"))]
+    async fn get_plugin_capabilities(
+        &self,
+        _request: Request<GetPluginCapabilitiesRequest>,
+    ) -> Result<Response<GetPluginCapabilitiesResponse>, Status> {
+        let mut capabilities = Vec::new();
+        if self.driver.config.mode != Mode::Node {
+            capabilities.push(service_capability(service::Type::ControllerService));
+        }
+        capabilities.push(service_capability(
+            service::Type::VolumeAccessibilityConstraints,
+        ));
+        Ok(Response::new(GetPluginCapabilitiesResponse {
+            capabilities,
+        }))
+    }
+
+    #[instrument(skip_all, fields(method = "Probe"))]
+    async fn probe(
+        &self,
+        _request: Request<ProbeRequest>,
+    ) -> Result<Response<ProbeResponse>, Status> {
+        let ready = match self.readiness().await {
+            Ok(()) => true,
+            Err(e) => {
+                warn!(cause = %e, "not ready");
+                false
+            }
+        };
+        Ok(Response::new(ProbeResponse { ready: Some(ready) }))
+    }
+}

@@ -1,0 +1,162 @@
+//! The `ferrovol` binary: parses flags, starts logging and runs the driver until SIGTERM
+//! or SIGINT.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, ValueEnum};
+use ferrovol::config::{Config, FsType, Mode};
+use ferrovol::server::{self, Endpoint};
+use tokio::signal::unix::{signal, SignalKind};
+use tracing::{error, info};
+
+/// How log lines are written.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum LogFormat {
+    /// Human-readable text.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// ferrovol: a node-local CSI driver (loop-file volumes).
+#[derive(Debug, Parser)]
+#[command(version, about)]
+struct Cli {
+    /// Where to serve CSI: unix:///path/csi.sock or tcp://127.0.0.1:PORT
+    /// [default: unix://<data dir>/csi.sock]
+    #[arg(long, env = "CSI_ENDPOINT")]
+    endpoint: Option<String>,
+    /// This node's id, reported by NodeGetInfo and used in topology [default: hostname]
+    #[arg(long, env = "NODE_ID")]
+    node_id: Option<String>,
+    /// The CSI driver name
+    #[arg(long, default_value = "ferrovol.csi.dev")]
+    driver_name: String,
+    /// Directory of durable metadata records [default: <data dir>/state]
+    #[arg(long)]
+    state_dir: Option<PathBuf>,
+    /// Directory of the loop backend's sparse backing files [default: <data dir>/pool]
+    #[arg(long)]
+    pool_dir: Option<PathBuf>,
+    /// Volume limit reported by NodeGetInfo (0: no limit)
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(i64).range(0..))]
+    max_volumes_per_node: i64,
+    /// Filesystem for mount volumes whose capability names none
+    #[arg(long, value_enum, default_value = "ext4")]
+    default_fs_type: FsType,
+    /// Which services to serve
+    #[arg(long, value_enum, default_value = "all")]
+    mode: Mode,
+    /// Seconds an external tool (mkfs, blkid) may run
+    #[arg(long, default_value_t = 120)]
+    tool_timeout_secs: u64,
+    /// Log format
+    #[arg(long, value_enum, default_value = "text")]
+    log_format: LogFormat,
+}
+
+/// The default data directory: `/var/lib/ferrovol` for root, else
+/// `$XDG_DATA_HOME/ferrovol` or `~/.local/share/ferrovol`, so a first unprivileged run works.
+fn default_data_dir() -> PathBuf {
+    if nix::unistd::geteuid().is_root() {
+        return PathBuf::from("/var/lib/ferrovol");
+    }
+    if let Some(xdg) = std::env::var_os("XDG_DATA_HOME").filter(|v| !v.is_empty()) {
+        return PathBuf::from(xdg).join("ferrovol");
+    }
+    match std::env::var_os("HOME").filter(|v| !v.is_empty()) {
+        Some(home) => PathBuf::from(home).join(".local/share/ferrovol"),
+        None => PathBuf::from("ferrovol-data"),
+    }
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+async fn shutdown_signal() {
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        error!("cannot install signal handlers; stop with SIGKILL");
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = term.recv() => info!("SIGTERM: finishing in-flight requests, then stopping"),
+        _ = int.recv() => info!("SIGINT: finishing in-flight requests, then stopping"),
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging(cli.log_format);
+    let data_dir = default_data_dir();
+    let node_id = match cli.node_id {
+        Some(id) if !id.is_empty() => id,
+        _ => match nix::unistd::gethostname() {
+            Ok(name) => name.to_string_lossy().into_owned(),
+            Err(e) => {
+                error!(cause = %e, "cannot read the hostname; pass --node-id");
+                return ExitCode::FAILURE;
+            }
+        },
+    };
+    let endpoint_text = cli
+        .endpoint
+        .unwrap_or_else(|| format!("unix://{}", data_dir.join("csi.sock").display()));
+    let endpoint = match Endpoint::parse(&endpoint_text) {
+        Ok(e) => e,
+        Err(e) => {
+            error!(cause = %e, "bad --endpoint");
+            return ExitCode::FAILURE;
+        }
+    };
+    let mut config = Config::with_dirs(
+        &node_id,
+        cli.state_dir.unwrap_or_else(|| data_dir.join("state")),
+        cli.pool_dir.unwrap_or_else(|| data_dir.join("pool")),
+    );
+    config.driver_name = cli.driver_name;
+    config.max_volumes_per_node = cli.max_volumes_per_node;
+    config.default_fs_type = cli.default_fs_type;
+    config.mode = cli.mode;
+    config.tool_timeout = Duration::from_secs(cli.tool_timeout_secs.max(1));
+
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            error!(cause = %e, "cannot start the async runtime");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async move {
+        let driver = tokio::task::spawn_blocking(move || server::open_driver(config))
+            .await
+            .map_err(|e| ferrovol::Error::Internal(e.to_string()))??;
+        server::run(driver, endpoint, shutdown_signal()).await
+    });
+    match result {
+        Ok(()) => {
+            info!("stopped");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            error!(cause = %e, "ferrovol failed");
+            ExitCode::FAILURE
+        }
+    }
+}

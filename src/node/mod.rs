@@ -1,0 +1,132 @@
+//! The Node service: staging, publishing, stats and node info.
+//!
+//! [`stage`] holds NodeStage/NodeUnstage (loop attach, probe, mkfs, mount), [`publish`]
+//! NodePublish/NodeUnpublish (bind mounts), [`stats`] NodeGetVolumeStats. Every decision
+//! is taken from the real system (sysfs loop backing files, mountinfo), so a repeated call
+//! or a call after a driver restart or a node reboot finds the true state.
+
+mod publish;
+mod stage;
+mod stats;
+
+use std::path::Path;
+use std::sync::Arc;
+
+use tonic::{Request, Response, Status};
+
+use crate::csi::v1::node_server::Node;
+use crate::csi::v1::node_service_capability::rpc::Type as Rpc;
+use crate::csi::v1::node_service_capability::{Rpc as RpcCapability, Type as CapabilityType};
+use crate::csi::v1::*;
+use crate::driver::Driver;
+use crate::error::Result;
+use crate::os::loopdev::{self, LoopDevice};
+use crate::validate;
+
+/// Serves the CSI Node service.
+#[derive(Debug, Clone)]
+pub struct NodeService {
+    /// Shared driver state.
+    driver: Arc<Driver>,
+}
+
+impl NodeService {
+    /// A service over the shared driver state.
+    pub fn new(driver: Arc<Driver>) -> Self {
+        NodeService { driver }
+    }
+}
+
+/// The node RPCs that work, exactly.
+const CAPABILITIES: &[Rpc] = &[
+    Rpc::StageUnstageVolume,
+    Rpc::GetVolumeStats,
+    Rpc::VolumeCondition,
+    Rpc::SingleNodeMultiWriter,
+];
+
+/// Loop devices attached to a backing file, found on a blocking thread.
+async fn devices_of(driver: &Driver, backing: &Path) -> Result<Vec<LoopDevice>> {
+    let backing = backing.to_owned();
+    driver
+        .blocking(move || loopdev::find_by_backing_file(&backing))
+        .await
+}
+
+fn reply<T>(result: crate::Result<T>) -> Result<Response<T>, Status> {
+    result.map(Response::new).map_err(Status::from)
+}
+
+#[tonic::async_trait]
+impl Node for NodeService {
+    async fn node_stage_volume(
+        &self,
+        request: Request<NodeStageVolumeRequest>,
+    ) -> Result<Response<NodeStageVolumeResponse>, Status> {
+        reply(stage::stage(&self.driver, request.into_inner()).await)
+    }
+
+    async fn node_unstage_volume(
+        &self,
+        request: Request<NodeUnstageVolumeRequest>,
+    ) -> Result<Response<NodeUnstageVolumeResponse>, Status> {
+        reply(stage::unstage(&self.driver, request.into_inner()).await)
+    }
+
+    async fn node_publish_volume(
+        &self,
+        request: Request<NodePublishVolumeRequest>,
+    ) -> Result<Response<NodePublishVolumeResponse>, Status> {
+        reply(publish::publish(&self.driver, request.into_inner()).await)
+    }
+
+    async fn node_unpublish_volume(
+        &self,
+        request: Request<NodeUnpublishVolumeRequest>,
+    ) -> Result<Response<NodeUnpublishVolumeResponse>, Status> {
+        reply(publish::unpublish(&self.driver, request.into_inner()).await)
+    }
+
+    async fn node_get_volume_stats(
+        &self,
+        request: Request<NodeGetVolumeStatsRequest>,
+    ) -> Result<Response<NodeGetVolumeStatsResponse>, Status> {
+        reply(stats::volume_stats(&self.driver, request.into_inner()).await)
+    }
+
+    async fn node_expand_volume(
+        &self,
+        _request: Request<NodeExpandVolumeRequest>,
+    ) -> Result<Response<NodeExpandVolumeResponse>, Status> {
+        Err(Status::unimplemented(
+            "NodeExpandVolume is not supported by ferrovol yet",
+        ))
+    }
+
+    async fn node_get_capabilities(
+        &self,
+        _request: Request<NodeGetCapabilitiesRequest>,
+    ) -> Result<Response<NodeGetCapabilitiesResponse>, Status> {
+        let capabilities = CAPABILITIES
+            .iter()
+            .map(|rpc| NodeServiceCapability {
+                r#type: Some(CapabilityType::Rpc(RpcCapability {
+                    r#type: *rpc as i32,
+                })),
+            })
+            .collect();
+        Ok(Response::new(NodeGetCapabilitiesResponse { capabilities }))
+    }
+
+    async fn node_get_info(
+        &self,
+        _request: Request<NodeGetInfoRequest>,
+    ) -> Result<Response<NodeGetInfoResponse>, Status> {
+        let config = &self.driver.config;
+        Ok(Response::new(NodeGetInfoResponse {
+            node_id: config.node_id.clone(),
+            max_volumes_per_node: config.max_volumes_per_node,
+            accessible_topology: Some(validate::node_topology(config)),
+        }))
+    }
+}

@@ -1,0 +1,209 @@
+//! NodePublishVolume and NodeUnpublishVolume: bind mounts into the pod's target path.
+//!
+//! A mount volume is published by binding its staging mount onto a target directory; a
+//! block volume by binding its loop device node onto a target file. A target is only ever
+//! unmounted after it was shown to be a mount of this volume.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use nix::mount::MsFlags;
+use tracing::{info, instrument};
+
+use crate::csi::v1::{
+    NodePublishVolumeRequest, NodePublishVolumeResponse, NodeUnpublishVolumeRequest,
+    NodeUnpublishVolumeResponse,
+};
+use crate::driver::Driver;
+use crate::error::{Error, Result};
+use crate::ids::VolumeId;
+use crate::os::loopdev::{self, LoopDevice};
+use crate::os::mount::{self, MountEntry};
+use crate::os::paths;
+use crate::store::StagedAccess;
+use crate::validate::{self, Access};
+
+use super::devices_of;
+
+/// Whether the mount at a target belongs to one of `devices`.
+///
+/// A block target is recognised by the device node bound there; one whose loop device was
+/// detached behind the driver's back still counts, so that it can be cleaned up.
+fn is_ours(entry: &MountEntry, target: &Path, devices: &[LoopDevice]) -> bool {
+    if devices.iter().any(|d| Path::new(&entry.source) == d.path) {
+        return true;
+    }
+    if !loopdev::is_block_device(target) {
+        return false;
+    }
+    match loopdev::rdev_of(target)
+        .ok()
+        .and_then(loopdev::loop_by_rdev)
+    {
+        Some((_, None)) => true,
+        Some((number, Some(_))) => devices.iter().any(|d| d.number == number),
+        None => false,
+    }
+}
+
+#[instrument(skip_all, fields(method = "NodePublishVolume", volume_id = %req.volume_id), err)]
+pub(super) async fn publish(
+    driver: &Arc<Driver>,
+    req: NodePublishVolumeRequest,
+) -> Result<NodePublishVolumeResponse> {
+    let id = VolumeId::parse_ours("volume_id", &req.volume_id)?;
+    let staging = validate::abs_path("staging_target_path", &req.staging_target_path)?;
+    let target = validate::abs_path("target_path", &req.target_path)?;
+    let cap = validate::capability("volume_capability", req.volume_capability.as_ref())?;
+    if target == staging || target.starts_with(&staging) || staging.starts_with(&target) {
+        return Err(Error::InvalidArgument(format!(
+            "target_path {} and staging_target_path {} must not contain each other",
+            target.display(),
+            staging.display()
+        )));
+    }
+    let read_only = req.readonly || cap.read_only_mode();
+    let key = id.to_string();
+    driver
+        .locked(&key, move |d| async move {
+            let record = d.staged.get(id.as_str()).ok_or_else(|| {
+                Error::FailedPrecondition(format!("volume {id} is not staged on this node; stage it first"))
+            })?;
+            if record.staging_path != staging {
+                return Err(Error::FailedPrecondition(format!(
+                    "volume {id} is staged at {}, not at {}",
+                    record.staging_path.display(),
+                    staging.display()
+                )));
+            }
+            let block = match (&record.access, &cap.access) {
+                (StagedAccess::Block, Access::Block) => true,
+                (StagedAccess::Mount { .. }, Access::Mount { .. }) => false,
+                _ => {
+                    return Err(Error::FailedPrecondition(format!(
+                        "volume {id} is staged as {:?}, which cannot serve {:?}",
+                        record.access, cap.access
+                    )));
+                }
+            };
+            let mount_flags = match &cap.access {
+                Access::Mount { mount_flags, .. } => mount_flags.clone(),
+                Access::Block => Vec::new(),
+            };
+            let backing = d.backend.source_path(&id);
+            let device = devices_of(&d, &backing).await?.into_iter().next().ok_or_else(|| {
+                Error::FailedPrecondition(format!(
+                    "volume {id} has no loop device on this node (was the node rebooted?); stage it again"
+                ))
+            })?;
+            let publish_id = id.clone();
+            d.blocking(move || {
+                bind_target(&publish_id, &device, &staging, &target, block, read_only, &mount_flags)
+            })
+            .await?;
+            info!("volume published");
+            Ok(NodePublishVolumeResponse {})
+        })
+        .await
+}
+
+fn bind_target(
+    id: &VolumeId,
+    device: &LoopDevice,
+    staging: &Path,
+    target: &Path,
+    block: bool,
+    read_only: bool,
+    mount_flags: &[String],
+) -> Result<()> {
+    let table = mount::read_mountinfo()?;
+    if let Some(existing) = mount::mount_at(&table, target) {
+        if !is_ours(existing, target, std::slice::from_ref(device)) {
+            return Err(Error::FailedPrecondition(format!(
+                "target_path {} already holds a mount of {}, not of volume {id}",
+                target.display(),
+                existing.source
+            )));
+        }
+        if existing.read_only() != read_only {
+            return Err(Error::AlreadyExists(format!(
+                "volume {id} is already published at {} with readonly={}",
+                target.display(),
+                existing.read_only()
+            )));
+        }
+        return Ok(());
+    }
+    let mut flags = if block {
+        MsFlags::MS_NOSUID
+    } else {
+        match mount::mount_at(&table, staging) {
+            Some(m) if Path::new(&m.source) == device.path => {}
+            _ => {
+                return Err(Error::FailedPrecondition(format!(
+                    "volume {id} has no filesystem mounted at its staging path {}; stage it again",
+                    staging.display()
+                )));
+            }
+        }
+        mount::parse_mount_flags(mount_flags)?.flags
+    };
+    if read_only {
+        flags |= MsFlags::MS_RDONLY;
+    }
+    let source: PathBuf = if block {
+        device.path.clone()
+    } else {
+        staging.to_owned()
+    };
+    if block {
+        let created = paths::ensure_file(target)?;
+        if let Err(e) = mount::bind(&source, target, flags) {
+            if created {
+                let _ = paths::remove_target(target);
+            }
+            return Err(e);
+        }
+    } else {
+        paths::ensure_dir(target)?;
+        mount::bind(&source, target, flags)?;
+    }
+    Ok(())
+}
+
+#[instrument(skip_all, fields(method = "NodeUnpublishVolume", volume_id = %req.volume_id), err)]
+pub(super) async fn unpublish(
+    driver: &Arc<Driver>,
+    req: NodeUnpublishVolumeRequest,
+) -> Result<NodeUnpublishVolumeResponse> {
+    let id = VolumeId::parse_ours("volume_id", &req.volume_id)?;
+    let target = validate::abs_path("target_path", &req.target_path)?;
+    let key = id.to_string();
+    driver
+        .locked(&key, move |d| async move {
+            let backing = d.backend.source_path(&id);
+            let devices = devices_of(&d, &backing).await?;
+            let unpublish_id = id.clone();
+            d.blocking(move || {
+                for _ in 0..8 {
+                    let table = mount::read_mountinfo()?;
+                    let Some(existing) = mount::mount_at(&table, &target) else {
+                        break;
+                    };
+                    if !is_ours(existing, &target, &devices) {
+                        return Err(Error::FailedPrecondition(format!(
+                            "target_path {} holds a mount of {}, not of volume {unpublish_id}",
+                            target.display(),
+                            existing.source
+                        )));
+                    }
+                    mount::unmount(&target)?;
+                }
+                paths::remove_target(&target)
+            })
+            .await?;
+            info!("volume unpublished");
+            Ok(NodeUnpublishVolumeResponse {})
+        })
+        .await
+}

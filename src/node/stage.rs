@@ -1,0 +1,314 @@
+//! NodeStageVolume and NodeUnstageVolume.
+//!
+//! Staging attaches the backing file to a loop device and, for mount access, mounts its
+//! filesystem at the staging path, creating the filesystem only on a blank device.
+//!
+//! # Design
+//! "Blank" is decided twice: blkid must find no signature at all, and the backing file
+//! must hold no written data (`SEEK_DATA` finds nothing). A device that a crash left half
+//! formatted is recognised by the `formatting` flag that the stage record carries while
+//! mkfs runs. So no path formats a device that holds data, also when blkid misses it.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use nix::mount::MsFlags;
+use tracing::{info, instrument, warn};
+
+use crate::backend::StorageStatus;
+use crate::config::FsType;
+use crate::csi::v1::{
+    NodeStageVolumeRequest, NodeStageVolumeResponse, NodeUnstageVolumeRequest,
+    NodeUnstageVolumeResponse,
+};
+use crate::driver::Driver;
+use crate::error::{Error, Result};
+use crate::ids::VolumeId;
+use crate::os::loopdev::{self, LoopDevice};
+use crate::os::mount::{self, MountEntry};
+use crate::os::tools::{self, Content};
+use crate::os::{paths, statfs};
+use crate::store::{StageRecord, StagedAccess};
+use crate::validate::{self, Access};
+
+use super::devices_of;
+
+#[instrument(skip_all, fields(method = "NodeStageVolume", volume_id = %req.volume_id), err)]
+pub(super) async fn stage(
+    driver: &Arc<Driver>,
+    req: NodeStageVolumeRequest,
+) -> Result<NodeStageVolumeResponse> {
+    let id = VolumeId::parse_ours("volume_id", &req.volume_id)?;
+    let staging = validate::abs_path("staging_target_path", &req.staging_target_path)?;
+    let cap = validate::capability("volume_capability", req.volume_capability.as_ref())?;
+    let read_only = cap.read_only_mode();
+    let access = match cap.access {
+        Access::Block => StagedAccess::Block,
+        Access::Mount {
+            fs_type,
+            mount_flags,
+        } => StagedAccess::Mount {
+            fs_type: fs_type.unwrap_or(driver.config.default_fs_type),
+            mount_flags,
+        },
+    };
+    let key = id.to_string();
+    driver
+        .locked(&key, move |d| async move {
+            let backend = Arc::clone(&d.backend);
+            let status_id = id.clone();
+            if d.blocking(move || backend.status(&status_id)).await? == StorageStatus::Missing {
+                return Err(Error::NotFound(format!("volume {id} does not exist")));
+            }
+            let previous = d.staged.get(id.as_str());
+            if let Some(p) = &previous {
+                if p.staging_path != staging {
+                    return Err(Error::FailedPrecondition(format!(
+                        "volume {id} is already staged at {}",
+                        p.staging_path.display()
+                    )));
+                }
+                if p.access != access {
+                    return Err(Error::AlreadyExists(format!(
+                        "volume {id} is already staged at {} with another capability ({:?})",
+                        staging.display(),
+                        p.access
+                    )));
+                }
+            }
+            let mut record = previous.clone().unwrap_or(StageRecord {
+                volume_id: id.to_string(),
+                staging_path: staging.clone(),
+                access,
+                formatting: false,
+            });
+            if previous.is_none() {
+                put_record(&d, &record).await?;
+            }
+            let backing = d.backend.source_path(&id);
+            let mut attached_now = None;
+            let result = stage_steps(&d, &backing, &mut record, read_only, &mut attached_now).await;
+            if let Err(e) = &result {
+                // Leave nothing this call made behind, so the failure is clean to retry.
+                if let Some(device) = attached_now {
+                    if let Err(detach) = d.blocking(move || loopdev::detach(&device)).await {
+                        warn!(cause = %detach, "could not detach after a failed stage");
+                    }
+                }
+                if previous.is_none() && !record.formatting {
+                    let stored = Arc::clone(&d);
+                    let record_id = id.to_string();
+                    if let Err(remove) = d.blocking(move || stored.staged.remove(&record_id)).await {
+                        warn!(cause = %remove, "could not remove the stage record after a failed stage");
+                    }
+                }
+                warn!(cause = %e, "stage failed");
+            } else {
+                info!(staging_path = %staging.display(), "volume staged");
+            }
+            result.map(|()| NodeStageVolumeResponse {})
+        })
+        .await
+}
+
+async fn put_record(driver: &Arc<Driver>, record: &StageRecord) -> Result<()> {
+    let stored = Arc::clone(driver);
+    let record = record.clone();
+    driver
+        .blocking(move || stored.staged.put(&record.volume_id.clone(), &record))
+        .await
+}
+
+async fn stage_steps(
+    driver: &Arc<Driver>,
+    backing: &Path,
+    record: &mut StageRecord,
+    read_only: bool,
+    attached_now: &mut Option<LoopDevice>,
+) -> Result<()> {
+    let device = match devices_of(driver, backing).await?.into_iter().next() {
+        Some(device) => device,
+        None => {
+            let backing = backing.to_owned();
+            let device = driver.blocking(move || loopdev::attach(&backing)).await?;
+            *attached_now = Some(device.clone());
+            device
+        }
+    };
+    let StagedAccess::Mount {
+        fs_type,
+        mount_flags,
+    } = record.access.clone()
+    else {
+        return Ok(());
+    };
+    let staging = record.staging_path.clone();
+    let table = driver.blocking(mount::read_mountinfo).await?;
+    if let Some(m) = mount::mount_at(&table, &staging) {
+        if Path::new(&m.source) == device.path {
+            return Ok(());
+        }
+        return Err(Error::FailedPrecondition(format!(
+            "staging path {} already holds a mount of {}",
+            staging.display(),
+            m.source
+        )));
+    }
+    ensure_filesystem(driver, backing, &device, fs_type, record).await?;
+    let mut opts = mount::parse_mount_flags(&mount_flags)?;
+    if read_only {
+        opts.flags |= MsFlags::MS_RDONLY;
+    }
+    if fs_type == FsType::Xfs {
+        // Clones and restored snapshots share their source's UUID; XFS refuses a second
+        // mount of a UUID unless told not to care.
+        opts.data = if opts.data.is_empty() {
+            "nouuid".into()
+        } else {
+            format!("{},nouuid", opts.data)
+        };
+    }
+    let dev_path = device.path.clone();
+    driver
+        .blocking(move || {
+            paths::ensure_dir(&staging)?;
+            mount::mount_fs(
+                &dev_path,
+                &staging,
+                fs_type.as_str(),
+                opts.flags,
+                &opts.data,
+            )
+            .map_err(|e| match e {
+                Error::Io { ref source, .. } if source.raw_os_error() == Some(libc::EINVAL) => {
+                    Error::InvalidArgument(format!(
+                        "{e} (the filesystem refused the mount flags {mount_flags:?})"
+                    ))
+                }
+                other => other,
+            })
+        })
+        .await
+}
+
+/// Makes sure the device holds a filesystem of type `fs_type`, formatting it only when it
+/// is blank.
+async fn ensure_filesystem(
+    driver: &Arc<Driver>,
+    backing: &Path,
+    device: &LoopDevice,
+    fs_type: FsType,
+    record: &mut StageRecord,
+) -> Result<()> {
+    let timeout = driver.config.tool_timeout;
+    match tools::probe(&device.path, timeout).await? {
+        Content::Signature(found) if found == fs_type.as_str() => Ok(()),
+        Content::Signature(found) => Err(Error::FailedPrecondition(format!(
+            "volume {} holds a {found} signature but {} was requested; refusing to reformat it",
+            record.volume_id,
+            fs_type.as_str()
+        ))),
+        Content::PartitionTable(found) => Err(Error::FailedPrecondition(format!(
+            "volume {} holds a {found} partition table; refusing to format it",
+            record.volume_id
+        ))),
+        Content::Nothing => {
+            let data_path = backing.to_owned();
+            let has_data = driver
+                .blocking(move || statfs::holds_data(&data_path))
+                .await?;
+            if has_data && !record.formatting {
+                return Err(Error::FailedPrecondition(format!(
+                    "volume {} holds data but no filesystem signature; refusing to format it",
+                    record.volume_id
+                )));
+            }
+            record.formatting = true;
+            put_record(driver, record).await?;
+            tools::mkfs(&device.path, fs_type, timeout).await?;
+            record.formatting = false;
+            put_record(driver, record).await?;
+            info!(fs_type = fs_type.as_str(), device = %device.path.display(), "formatted blank volume");
+            Ok(())
+        }
+    }
+}
+
+/// Mounts of any of `devices` other than at `staging`: publish targets still in place.
+fn other_mounts(
+    table: &[MountEntry],
+    devices: &[LoopDevice],
+    rdevs: &[u64],
+    staging: &Path,
+) -> Vec<PathBuf> {
+    table
+        .iter()
+        .filter(|m| m.mount_point != staging)
+        .filter(|m| {
+            devices.iter().any(|d| Path::new(&m.source) == d.path)
+                || (m.root.starts_with('/')
+                    && devices.iter().any(|d| m.root == format!("/{}", d.name()))
+                    && loopdev::rdev_of(&m.mount_point).is_ok_and(|r| rdevs.contains(&r)))
+        })
+        .map(|m| m.mount_point.clone())
+        .collect()
+}
+
+#[instrument(skip_all, fields(method = "NodeUnstageVolume", volume_id = %req.volume_id), err)]
+pub(super) async fn unstage(
+    driver: &Arc<Driver>,
+    req: NodeUnstageVolumeRequest,
+) -> Result<NodeUnstageVolumeResponse> {
+    let id = VolumeId::parse_ours("volume_id", &req.volume_id)?;
+    let staging = validate::abs_path("staging_target_path", &req.staging_target_path)?;
+    let key = id.to_string();
+    driver
+        .locked(&key, move |d| async move {
+            let backing = d.backend.source_path(&id);
+            let devices = devices_of(&d, &backing).await?;
+            let unstage_id = id.clone();
+            let stored = Arc::clone(&d);
+            d.blocking(move || {
+                let rdevs: Vec<u64> = devices
+                    .iter()
+                    .filter_map(|dev| loopdev::rdev_of(&dev.path).ok())
+                    .collect();
+                let table = mount::read_mountinfo()?;
+                let still = other_mounts(&table, &devices, &rdevs, &staging);
+                if !still.is_empty() {
+                    return Err(Error::FailedPrecondition(format!(
+                        "volume {unstage_id} is still mounted at {still:?}; unpublish it first"
+                    )));
+                }
+                // Unmount the staging mount (possibly stacked), only if it is ours.
+                let mut table = table;
+                for _ in 0..8 {
+                    match mount::mount_at(&table, &staging) {
+                        Some(m) if devices.iter().any(|dev| Path::new(&m.source) == dev.path) => {
+                            mount::unmount(&staging)?;
+                            table = mount::read_mountinfo()?;
+                        }
+                        Some(m)
+                            if !devices.is_empty()
+                                || stored.staged.contains(unstage_id.as_str()) =>
+                        {
+                            return Err(Error::FailedPrecondition(format!(
+                                "staging path {} holds a mount of {}, not of volume {unstage_id}",
+                                staging.display(),
+                                m.source
+                            )));
+                        }
+                        _ => break,
+                    }
+                }
+                for device in &devices {
+                    loopdev::detach(device)?;
+                }
+                stored.staged.remove(unstage_id.as_str())
+            })
+            .await?;
+            info!("volume unstaged");
+            Ok(NodeUnstageVolumeResponse {})
+        })
+        .await
+}

@@ -1,0 +1,162 @@
+//! NodeGetVolumeStats: usage and condition of a published or staged volume.
+//!
+//! The path must be shown to be this volume's before anything is reported: a mount whose
+//! source is the volume's loop device, or a block device node that is that loop device.
+//! The condition turns abnormal when the backing file was deleted or the loop device was
+//! detached behind the driver's back.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use tracing::instrument;
+
+use crate::csi::v1::volume_usage::Unit;
+use crate::csi::v1::{
+    NodeGetVolumeStatsRequest, NodeGetVolumeStatsResponse, VolumeCondition, VolumeUsage,
+};
+use crate::driver::Driver;
+use crate::error::{Error, Result};
+use crate::ids::VolumeId;
+use crate::os::loopdev::{self, LoopDevice};
+use crate::os::{mount, paths, statfs};
+use crate::validate;
+
+fn usage(unit: Unit, total: u64, available: u64, used: u64) -> VolumeUsage {
+    let clamp = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+    VolumeUsage {
+        available: clamp(available),
+        total: clamp(total),
+        used: clamp(used),
+        unit: unit as i32,
+    }
+}
+
+fn condition(problem: Option<String>) -> Option<VolumeCondition> {
+    Some(VolumeCondition {
+        abnormal: problem.is_some(),
+        message: problem.unwrap_or_default(),
+    })
+}
+
+#[instrument(skip_all, fields(method = "NodeGetVolumeStats", volume_id = %req.volume_id), err)]
+pub(super) async fn volume_stats(
+    driver: &Arc<Driver>,
+    req: NodeGetVolumeStatsRequest,
+) -> Result<NodeGetVolumeStatsResponse> {
+    let id = VolumeId::parse_ours("volume_id", &req.volume_id)?;
+    let path = validate::abs_path("volume_path", &req.volume_path)?;
+    if !req.staging_target_path.is_empty() {
+        validate::abs_path("staging_target_path", &req.staging_target_path)?;
+    }
+    let backing = driver.backend.source_path(&id);
+    driver
+        .blocking(move || {
+            if !paths::exists(&path) {
+                return Err(Error::NotFound(format!(
+                    "volume_path {} does not exist",
+                    path.display()
+                )));
+            }
+            let devices = loopdev::find_by_backing_file(&backing)?;
+            let backing_problem = if !paths::exists(&backing) {
+                Some(format!(
+                    "backing file {} of volume {id} is gone",
+                    backing.display()
+                ))
+            } else {
+                None
+            };
+            if loopdev::is_block_device(&path) {
+                block_stats(&id, &path, &devices, backing_problem)
+            } else {
+                mount_stats(&id, &path, &devices, backing_problem)
+            }
+        })
+        .await
+}
+
+fn block_stats(
+    id: &VolumeId,
+    path: &Path,
+    devices: &[LoopDevice],
+    backing_problem: Option<String>,
+) -> Result<NodeGetVolumeStatsResponse> {
+    let rdev = loopdev::rdev_of(path)?;
+    let not_ours = || {
+        Error::NotFound(format!(
+            "volume_path {} is not a device of volume {id}",
+            path.display()
+        ))
+    };
+    let (number, backing) = loopdev::loop_by_rdev(rdev).ok_or_else(not_ours)?;
+    if backing.is_none() {
+        return Ok(NodeGetVolumeStatsResponse {
+            usage: Vec::new(),
+            volume_condition: condition(Some(format!(
+                "loop device /dev/loop{number} of volume {id} was detached; the volume is unreachable until it is staged again"
+            ))),
+        });
+    }
+    let device = devices
+        .iter()
+        .find(|d| d.number == number)
+        .ok_or_else(not_ours)?;
+    let size = device.size_bytes()?;
+    let problem = backing_problem.or_else(|| {
+        device
+            .backing_deleted
+            .then(|| format!("backing file of volume {id} was deleted while attached"))
+    });
+    Ok(NodeGetVolumeStatsResponse {
+        usage: vec![usage(Unit::Bytes, size, 0, size)],
+        volume_condition: condition(problem),
+    })
+}
+
+fn mount_stats(
+    id: &VolumeId,
+    path: &Path,
+    devices: &[LoopDevice],
+    backing_problem: Option<String>,
+) -> Result<NodeGetVolumeStatsResponse> {
+    let table = mount::read_mountinfo()?;
+    let entry = mount::mount_at(&table, path).ok_or_else(|| {
+        Error::NotFound(format!(
+            "volume_path {} is not a mount of volume {id}",
+            path.display()
+        ))
+    })?;
+    let device = devices
+        .iter()
+        .find(|d| Path::new(&entry.source) == d.path)
+        .ok_or_else(|| {
+            Error::NotFound(format!(
+                "volume_path {} is a mount of {}, not of volume {id}",
+                path.display(),
+                entry.source
+            ))
+        })?;
+    let fs = statfs::usage(path)?;
+    let problem = backing_problem.or_else(|| {
+        device
+            .backing_deleted
+            .then(|| format!("backing file of volume {id} was deleted while attached"))
+    });
+    Ok(NodeGetVolumeStatsResponse {
+        usage: vec![
+            usage(
+                Unit::Bytes,
+                fs.total_bytes,
+                fs.available_bytes,
+                fs.total_bytes.saturating_sub(fs.free_bytes),
+            ),
+            usage(
+                Unit::Inodes,
+                fs.total_inodes,
+                fs.free_inodes,
+                fs.total_inodes.saturating_sub(fs.free_inodes),
+            ),
+        ],
+        volume_condition: condition(problem),
+    })
+}

@@ -1,0 +1,241 @@
+//! Serving: endpoint parsing, the unix socket (stale-file handling, permissions), service
+//! registration, start-up reconciliation and graceful shutdown.
+//!
+//! Shutdown is a parameter: [`run`] serves until the given future completes, then stops
+//! accepting and lets in-flight RPCs finish before it returns.
+
+use std::fs;
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use nix::sys::stat::{umask, Mode as FileMode};
+use tokio::net::{TcpListener, UnixListener};
+use tokio_stream::wrappers::{TcpListenerStream, UnixListenerStream};
+use tonic::transport::Server;
+use tracing::{info, warn};
+
+use crate::backend::{Backend, LoopBackend};
+use crate::config::{Config, Mode};
+use crate::controller::ControllerService;
+use crate::csi::v1::controller_server::ControllerServer;
+use crate::csi::v1::identity_server::IdentityServer;
+use crate::csi::v1::node_server::NodeServer;
+use crate::driver::Driver;
+use crate::error::{Error, Result};
+use crate::identity::IdentityService;
+use crate::node::NodeService;
+use crate::os::loopdev;
+
+/// Where the driver listens.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Endpoint {
+    /// A unix socket at this path.
+    Unix(PathBuf),
+    /// A TCP address.
+    Tcp(SocketAddr),
+}
+
+impl Endpoint {
+    /// Parses `unix:///path/csi.sock`, `unix:/path` or `tcp://127.0.0.1:PORT`.
+    ///
+    /// # Errors
+    /// `InvalidArgument` for any other form.
+    pub fn parse(raw: &str) -> Result<Self> {
+        if let Some(rest) = raw
+            .strip_prefix("unix://")
+            .or_else(|| raw.strip_prefix("unix:"))
+        {
+            let path = PathBuf::from(rest);
+            if !path.is_absolute() {
+                return Err(Error::InvalidArgument(format!(
+                    "endpoint {raw:?}: the socket path must be absolute"
+                )));
+            }
+            return Ok(Endpoint::Unix(path));
+        }
+        if let Some(rest) = raw.strip_prefix("tcp://") {
+            let addr = rest
+                .parse()
+                .map_err(|e| Error::InvalidArgument(format!("endpoint {raw:?}: {e}")))?;
+            return Ok(Endpoint::Tcp(addr));
+        }
+        Err(Error::InvalidArgument(format!(
+            "endpoint {raw:?} must start with unix:// or tcp://"
+        )))
+    }
+}
+
+/// Removes a socket file that no process serves; refuses one that a live process serves.
+fn clear_stale_socket(path: &Path) -> Result<()> {
+    let meta = match fs::symlink_metadata(path) {
+        Ok(meta) => meta,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(Error::io("stat", path, e)),
+    };
+    if !meta.file_type().is_socket() {
+        return Err(Error::FailedPrecondition(format!(
+            "{} exists and is not a socket; refusing to replace it",
+            path.display()
+        )));
+    }
+    match std::os::unix::net::UnixStream::connect(path) {
+        Ok(_) => Err(Error::FailedPrecondition(format!(
+            "another process is serving {}; refusing to start a second driver on it",
+            path.display()
+        ))),
+        Err(_) => {
+            warn!(socket = %path.display(), "removing stale socket");
+            fs::remove_file(path).map_err(|e| Error::io("remove stale socket", path, e))
+        }
+    }
+}
+
+/// Binds a unix socket that only its owner and group can use (mode 0660).
+fn bind_unix(path: &Path) -> Result<UnixListener> {
+    if let Some(parent) = path.parent() {
+        fs::create_dir_all(parent).map_err(|e| Error::io("create socket directory", parent, e))?;
+    }
+    clear_stale_socket(path)?;
+    // The socket is created with the process umask: tighten it for the bind so the socket
+    // is never reachable by others, not even for an instant.
+    let previous = umask(FileMode::from_bits_truncate(0o117));
+    let bound = UnixListener::bind(path);
+    umask(previous);
+    let listener = bound.map_err(|e| Error::io("bind", path, e))?;
+    fs::set_permissions(path, fs::Permissions::from_mode(0o660))
+        .map_err(|e| Error::io("chmod", path, e))?;
+    Ok(listener)
+}
+
+/// Opens the backend and the store and checks records against what exists.
+///
+/// # Errors
+/// `Io` or `Record` when the pool or the store cannot be opened.
+pub fn open_driver(config: Config) -> Result<Arc<Driver>> {
+    let backend: Arc<dyn Backend> = Arc::new(LoopBackend::open(&config.pool_dir)?);
+    let driver = Driver::open(config, backend)?;
+    reconcile(&driver);
+    Ok(driver)
+}
+
+/// Reports records and storage that disagree, after a crash or a reboot.
+///
+/// Nothing is deleted here: storage without a record is left by a CreateVolume that never
+/// answered, and its retry adopts it; stage records without a mount are restored by the
+/// NodeStageVolume that kubelet sends after a reboot.
+fn reconcile(driver: &Driver) {
+    if driver.config.mode != Mode::Node {
+        match driver.backend.list() {
+            Ok(ids) => {
+                for id in ids
+                    .iter()
+                    .filter(|id| !driver.volumes.contains(id.as_str()))
+                {
+                    warn!(volume_id = %id, "storage without a record (an interrupted CreateVolume); a retry adopts it");
+                }
+                for record in driver.volumes.all() {
+                    if !ids.iter().any(|id| id.as_str() == record.volume_id) {
+                        warn!(volume_id = %record.volume_id, "volume record without storage");
+                    }
+                }
+            }
+            Err(e) => warn!(cause = %e, "cannot list the pool"),
+        }
+    }
+    if driver.config.mode != Mode::Controller {
+        for record in driver.staged.all() {
+            let attached = crate::ids::VolumeId::parse_ours("volume_id", &record.volume_id)
+                .ok()
+                .map(|id| driver.backend.source_path(&id))
+                .and_then(|backing| loopdev::find_by_backing_file(&backing).ok())
+                .is_some_and(|d| !d.is_empty());
+            if !attached {
+                warn!(volume_id = %record.volume_id, "staged volume has no loop device (node rebooted?); NodeStageVolume restores it");
+            }
+        }
+    }
+    info!(
+        volumes = driver.volumes.len(),
+        staged = driver.staged.len(),
+        backend = driver.backend.kind(),
+        "driver state loaded"
+    );
+}
+
+/// Serves the configured services on `endpoint` until `shutdown` completes.
+///
+/// # Errors
+/// `Io` when the endpoint cannot be bound or serving fails.
+pub async fn run(
+    driver: Arc<Driver>,
+    endpoint: Endpoint,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<()> {
+    let mode = driver.config.mode;
+    let identity = IdentityServer::new(IdentityService::new(Arc::clone(&driver)));
+    let controller = (mode != Mode::Node)
+        .then(|| ControllerServer::new(ControllerService::new(Arc::clone(&driver))));
+    let node =
+        (mode != Mode::Controller).then(|| NodeServer::new(NodeService::new(Arc::clone(&driver))));
+    let router = Server::builder()
+        .add_service(identity)
+        .add_optional_service(controller)
+        .add_optional_service(node);
+    match endpoint {
+        Endpoint::Unix(path) => {
+            let listener = bind_unix(&path)?;
+            info!(endpoint = %path.display(), driver = %driver.config.driver_name, node_id = %driver.config.node_id, "serving");
+            let served = router
+                .serve_with_incoming_shutdown(UnixListenerStream::new(listener), shutdown)
+                .await;
+            let _ = fs::remove_file(&path);
+            served.map_err(|e| Error::Internal(format!("serving {}: {e}", path.display())))
+        }
+        Endpoint::Tcp(addr) => {
+            let listener = TcpListener::bind(addr)
+                .await
+                .map_err(|e| Error::io("bind", addr.to_string(), e))?;
+            let local = listener
+                .local_addr()
+                .map_err(|e| Error::io("local address of", addr.to_string(), e))?;
+            info!(endpoint = %local, driver = %driver.config.driver_name, node_id = %driver.config.node_id, "serving");
+            router
+                .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
+                .await
+                .map_err(|e| Error::Internal(format!("serving {local}: {e}")))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn endpoints_parse() {
+        assert_eq!(
+            Endpoint::parse("unix:///csi/csi.sock").ok(),
+            Some(Endpoint::Unix(PathBuf::from("/csi/csi.sock")))
+        );
+        assert_eq!(
+            Endpoint::parse("unix:/csi/csi.sock").ok(),
+            Some(Endpoint::Unix(PathBuf::from("/csi/csi.sock")))
+        );
+        assert!(matches!(
+            Endpoint::parse("tcp://127.0.0.1:10000"),
+            Ok(Endpoint::Tcp(_))
+        ));
+        for bad in [
+            "/csi.sock",
+            "unix://relative.sock",
+            "tcp://nohost",
+            "http://x",
+        ] {
+            assert!(Endpoint::parse(bad).is_err(), "{bad}");
+        }
+    }
+}

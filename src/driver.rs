@@ -5,6 +5,7 @@ use std::future::Future;
 use std::sync::Arc;
 
 use tokio::sync::Semaphore;
+use tracing::{Instrument, Span};
 
 use crate::backend::Backend;
 use crate::config::Config;
@@ -63,7 +64,8 @@ impl Driver {
             .acquire()
             .await
             .map_err(|_| Error::Internal("blocking job pool closed".into()))?;
-        tokio::task::spawn_blocking(work)
+        let span = Span::current();
+        tokio::task::spawn_blocking(move || span.in_scope(work))
             .await
             .map_err(|e| Error::Internal(format!("blocking job failed: {e}")))?
     }
@@ -83,10 +85,13 @@ impl Driver {
     {
         let guard = self.locks.try_lock(key)?;
         let driver = Arc::clone(self);
-        tokio::spawn(async move {
-            let _guard = guard;
-            op(driver).await
-        })
+        tokio::spawn(
+            async move {
+                let _guard = guard;
+                op(driver).await
+            }
+            .instrument(Span::current()),
+        )
         .await
         .map_err(|e| Error::Internal(format!("operation on {key} failed: {e}")))?
     }

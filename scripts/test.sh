@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Runs every ferrovol check and test: format, lints, the CSI wire-format check, unit tests
+# and the integration suites (real loop devices, mkfs and mounts, so it needs root).
+# Installs what the tests need first, idempotently: xfsprogs, btrfs-progs, e2fsprogs,
+# util-linux, and the Python protobuf tools for the wire check.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if [ "$(id -u)" != 0 ]; then
+  echo "scripts/test.sh: the integration tests need root (loop devices, mkfs, mount)" >&2
+  exit 1
+fi
+
+# tool -> Debian package that provides it
+declare -A packages=(
+  [mkfs.ext4]=e2fsprogs [resize2fs]=e2fsprogs
+  [mkfs.xfs]=xfsprogs [xfs_growfs]=xfsprogs
+  [mkfs.btrfs]=btrfs-progs
+  [blkid]=util-linux [losetup]=mount
+)
+missing=()
+for tool in "${!packages[@]}"; do
+  command -v "$tool" >/dev/null 2>&1 || missing+=("${packages[$tool]}")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "installing: $(printf '%s\n' "${missing[@]}" | sort -u | tr '\n' ' ')"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+    $(printf '%s\n' "${missing[@]}" | sort -u) >/dev/null
+fi
+python3 -c 'import google.protobuf, grpc_tools' 2>/dev/null \
+  || python3 -m pip install --quiet --disable-pip-version-check grpcio-tools protobuf
+modprobe loop 2>/dev/null || true
+[ -e /dev/loop-control ] || { echo "no /dev/loop-control: the kernel lacks loop devices" >&2; exit 1; }
+
+echo "== cargo fmt"
+cargo fmt --all -- --check
+echo "== cargo clippy"
+cargo clippy --all-targets --quiet -- -D warnings
+echo "== CSI v1.12 wire format"
+if [ -x ../shared/tools/csi-wire-table ] && [ -f ../shared/csi-wire.tsv ]; then
+  diff ../shared/csi-wire.tsv <(../shared/tools/csi-wire-table proto/csi.proto)
+  echo "proto/csi.proto matches the CSI v1.12 wire table"
+elif [ "${CI:-}" = true ]; then
+  echo "../shared/tools/csi-wire-table is missing; CI must check the wire format" >&2
+  exit 1
+else
+  echo "skipped: ../shared/tools/csi-wire-table not found (outside the team checkout)"
+fi
+echo "== cargo test"
+cargo test --all-targets -- --test-threads "${FERROVOL_TEST_THREADS:-4}"

@@ -13,7 +13,9 @@ use std::path::PathBuf;
 use ferrovol::csi::v1::controller_client::ControllerClient;
 use ferrovol::csi::v1::identity_client::IdentityClient;
 use ferrovol::csi::v1::node_client::NodeClient;
-use ferrovol::csi::v1::volume_capability::{access_mode::Mode, AccessMode, AccessType, MountVolume};
+use ferrovol::csi::v1::volume_capability::{
+    access_mode::Mode, AccessMode, AccessType, MountVolume,
+};
 use ferrovol::csi::v1::*;
 use hyper_util::rt::TokioIo;
 use tonic::transport::{Channel, Endpoint};
@@ -24,7 +26,11 @@ async fn connect(endpoint: &str) -> Result<Channel, Box<dyn std::error::Error>> 
         let channel = Endpoint::try_from("http://[::]:50051")?
             .connect_with_connector(tower::service_fn(move |_| {
                 let path = path.clone();
-                async move { Ok::<_, std::io::Error>(TokioIo::new(tokio::net::UnixStream::connect(path).await?)) }
+                async move {
+                    Ok::<_, std::io::Error>(TokioIo::new(
+                        tokio::net::UnixStream::connect(path).await?,
+                    ))
+                }
             }))
             .await?;
         return Ok(channel);
@@ -36,17 +42,28 @@ async fn connect(endpoint: &str) -> Result<Channel, Box<dyn std::error::Error>> 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
-    let endpoint = args.next().unwrap_or_else(|| "unix:///var/lib/ferrovol/csi.sock".into());
+    let endpoint = args
+        .next()
+        .unwrap_or_else(|| "unix:///var/lib/ferrovol/csi.sock".into());
     let scratch = PathBuf::from(args.next().unwrap_or_else(|| "/tmp/ferrovol-walk".into()));
     let channel = connect(&endpoint).await?;
     let mut identity = IdentityClient::new(channel.clone());
     let mut controller = ControllerClient::new(channel.clone());
     let mut node = NodeClient::new(channel);
 
-    let info = identity.get_plugin_info(GetPluginInfoRequest {}).await?.into_inner();
+    let info = identity
+        .get_plugin_info(GetPluginInfoRequest {})
+        .await?
+        .into_inner();
     println!("GetPluginInfo: {} {}", info.name, info.vendor_version);
-    let node_info = node.node_get_info(NodeGetInfoRequest {}).await?.into_inner();
-    println!("NodeGetInfo: node {} topology {:?}", node_info.node_id, node_info.accessible_topology);
+    let node_info = node
+        .node_get_info(NodeGetInfoRequest {})
+        .await?
+        .into_inner();
+    println!(
+        "NodeGetInfo: node {} topology {:?}",
+        node_info.node_id, node_info.accessible_topology
+    );
 
     let capability = VolumeCapability {
         access_mode: Some(AccessMode {
@@ -65,10 +82,16 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 limit_bytes: 0,
             }),
             volume_capabilities: vec![capability.clone()],
-            parameters: [("csi.storage.k8s.io/pvc/name".to_owned(), "walkthrough".to_owned())].into(),
-            accessibility_requirements: node_info.accessible_topology.clone().map(|t| TopologyRequirement {
-                requisite: vec![t.clone()],
-                preferred: vec![t],
+            parameters: [(
+                "csi.storage.k8s.io/pvc/name".to_owned(),
+                "walkthrough".to_owned(),
+            )]
+            .into(),
+            accessibility_requirements: node_info.accessible_topology.clone().map(|t| {
+                TopologyRequirement {
+                    requisite: vec![t.clone()],
+                    preferred: vec![t],
+                }
             }),
             ..Default::default()
         })
@@ -87,7 +110,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             ..Default::default()
         })
         .await?;
-    println!("ControllerPublishVolume: published to {}", node_info.node_id);
+    println!(
+        "ControllerPublishVolume: published to {}",
+        node_info.node_id
+    );
 
     let staging = scratch.join("staging");
     let target = scratch.join("target");
@@ -99,7 +125,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         ..Default::default()
     })
     .await?;
-    println!("NodeStageVolume: formatted and mounted at {}", staging.display());
+    println!(
+        "NodeStageVolume: formatted and mounted at {}",
+        staging.display()
+    );
     node.node_publish_volume(NodePublishVolumeRequest {
         volume_id: id.clone(),
         staging_target_path: staging.display().to_string(),

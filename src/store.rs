@@ -228,4 +228,17 @@ pub struct StageRecord {
     /// again although it is not blank.
     #[serde(default)]
     pub formatting: bool,
+    /// Target paths the volume is published at (NodePublishVolume), checked against the
+    /// mount table before use: an entry whose mount is gone no longer counts.
+    #[serde(default)]
+    pub targets: BTreeMap<PathBuf, TargetRecord>,
+}
+
+/// One NodePublishVolume target of a staged volume.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TargetRecord {
+    /// The CSI access mode it was published with (`SINGLE_NODE_WRITER`, ...).
+    pub access_mode: String,
+    /// Whether it was published read-only.
+    pub readonly: bool,
 }

@@ -10,6 +10,8 @@ use std::sync::Arc;
 use nix::mount::MsFlags;
 use tracing::{info, instrument};
 
+use crate::backend::StorageStatus;
+use crate::csi::v1::volume_capability::access_mode::Mode;
 use crate::csi::v1::{
     NodePublishVolumeRequest, NodePublishVolumeResponse, NodeUnpublishVolumeRequest,
     NodeUnpublishVolumeResponse,
@@ -20,7 +22,7 @@ use crate::ids::VolumeId;
 use crate::os::loopdev::{self, LoopDevice};
 use crate::os::mount::{self, MountEntry};
 use crate::os::paths;
-use crate::store::StagedAccess;
+use crate::store::{StagedAccess, TargetRecord};
 use crate::validate::{self, Access};
 
 use super::devices_of;
@@ -46,12 +48,47 @@ fn is_ours(entry: &MountEntry, target: &Path, devices: &[LoopDevice]) -> bool {
     }
 }
 
+/// Why a further publish would break the access mode of the volume's live targets.
+///
+/// SINGLE_NODE_SINGLE_WRITER allows one target; SINGLE_NODE_WRITER one read-write target
+/// (read-only ones beside it are fine); the other single-node modes allow many.
+fn mode_conflict(
+    id: &VolumeId,
+    mode: Mode,
+    read_only: bool,
+    live: &[(PathBuf, TargetRecord)],
+) -> Option<String> {
+    let single = Mode::SingleNodeSingleWriter.as_str_name();
+    let writer = Mode::SingleNodeWriter.as_str_name();
+    let clash = live.iter().find(|(_, other)| {
+        mode == Mode::SingleNodeSingleWriter
+            || other.access_mode == single
+            || (!read_only
+                && !other.readonly
+                && (mode == Mode::SingleNodeWriter || other.access_mode == writer))
+    })?;
+    Some(format!(
+        "volume {id} is already published at {} ({}, readonly={}); {} does not allow another {}target",
+        clash.0.display(),
+        clash.1.access_mode,
+        clash.1.readonly,
+        if mode == Mode::SingleNodeSingleWriter || clash.1.access_mode == single { single } else { writer },
+        if read_only { "" } else { "read-write " }
+    ))
+}
+
 #[instrument(skip_all, fields(method = "NodePublishVolume", volume_id = %req.volume_id), err)]
 pub(super) async fn publish(
     driver: &Arc<Driver>,
     req: NodePublishVolumeRequest,
 ) -> Result<NodePublishVolumeResponse> {
     let id = VolumeId::parse_ours("volume_id", &req.volume_id)?;
+    if req.staging_target_path.is_empty() {
+        return Err(Error::FailedPrecondition(
+            "staging_target_path is not set: ferrovol volumes must be staged (NodeStageVolume) before they are published"
+                .into(),
+        ));
+    }
     let staging = validate::abs_path("staging_target_path", &req.staging_target_path)?;
     let target = validate::abs_path("target_path", &req.target_path)?;
     let cap = validate::capability("volume_capability", req.volume_capability.as_ref())?;
@@ -66,7 +103,12 @@ pub(super) async fn publish(
     let key = id.to_string();
     driver
         .locked(&key, move |d| async move {
-            let record = d.staged.get(id.as_str()).ok_or_else(|| {
+            let backend = Arc::clone(&d.backend);
+            let status_id = id.clone();
+            if d.blocking(move || backend.status(&status_id)).await? == StorageStatus::Missing {
+                return Err(Error::NotFound(format!("volume {id} does not exist")));
+            }
+            let mut record = d.staged.get(id.as_str()).ok_or_else(|| {
                 Error::FailedPrecondition(format!("volume {id} is not staged on this node; stage it first"))
             })?;
             if record.staging_path != staging {
@@ -96,19 +138,78 @@ pub(super) async fn publish(
                     "volume {id} has no loop device on this node (was the node rebooted?); stage it again"
                 ))
             })?;
+            let entry = TargetRecord {
+                access_mode: cap.mode.as_str_name().to_owned(),
+                readonly: read_only,
+            };
+            let others: Vec<(PathBuf, TargetRecord)> = record
+                .targets
+                .iter()
+                .filter(|(t, _)| **t != target)
+                .map(|(t, r)| (t.clone(), r.clone()))
+                .collect();
             let publish_id = id.clone();
+            let bind_target_path = target.clone();
+            let mode = cap.mode;
             d.blocking(move || {
-                bind_target(&publish_id, &device, &staging, &target, block, read_only, &mount_flags)
+                let table = mount::read_mountinfo()?;
+                if let Some(existing) = mount::mount_at(&table, &bind_target_path) {
+                    return check_existing(&publish_id, existing, &bind_target_path, &device, read_only);
+                }
+                let live: Vec<(PathBuf, TargetRecord)> = others
+                    .into_iter()
+                    .filter(|(t, _)| {
+                        mount::mount_at(&table, t).is_some_and(|m| is_ours(m, t, std::slice::from_ref(&device)))
+                    })
+                    .collect();
+                if let Some(conflict) = mode_conflict(&publish_id, mode, read_only, &live) {
+                    return Err(Error::FailedPrecondition(conflict));
+                }
+                bind_target(&publish_id, &table, &device, &staging, &bind_target_path, block, read_only, &mount_flags)
             })
             .await?;
+            if record.targets.get(&target) != Some(&entry) {
+                record.targets.insert(target, entry);
+                let stored = Arc::clone(&d);
+                d.blocking(move || stored.staged.put(&record.volume_id.clone(), &record))
+                    .await?;
+            }
             info!("volume published");
             Ok(NodePublishVolumeResponse {})
         })
         .await
 }
 
+/// A target that already holds a mount: fine if it is this volume with the same
+/// read-only setting, an error otherwise.
+fn check_existing(
+    id: &VolumeId,
+    existing: &MountEntry,
+    target: &Path,
+    device: &LoopDevice,
+    read_only: bool,
+) -> Result<()> {
+    if !is_ours(existing, target, std::slice::from_ref(device)) {
+        return Err(Error::FailedPrecondition(format!(
+            "target_path {} already holds a mount of {}, not of volume {id}",
+            target.display(),
+            existing.source
+        )));
+    }
+    if existing.read_only() != read_only {
+        return Err(Error::AlreadyExists(format!(
+            "volume {id} is already published at {} with readonly={}",
+            target.display(),
+            existing.read_only()
+        )));
+    }
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
 fn bind_target(
     id: &VolumeId,
+    table: &[MountEntry],
     device: &LoopDevice,
     staging: &Path,
     target: &Path,
@@ -116,28 +217,10 @@ fn bind_target(
     read_only: bool,
     mount_flags: &[String],
 ) -> Result<()> {
-    let table = mount::read_mountinfo()?;
-    if let Some(existing) = mount::mount_at(&table, target) {
-        if !is_ours(existing, target, std::slice::from_ref(device)) {
-            return Err(Error::FailedPrecondition(format!(
-                "target_path {} already holds a mount of {}, not of volume {id}",
-                target.display(),
-                existing.source
-            )));
-        }
-        if existing.read_only() != read_only {
-            return Err(Error::AlreadyExists(format!(
-                "volume {id} is already published at {} with readonly={}",
-                target.display(),
-                existing.read_only()
-            )));
-        }
-        return Ok(());
-    }
     let mut flags = if block {
         MsFlags::MS_NOSUID
     } else {
-        match mount::mount_at(&table, staging) {
+        match mount::mount_at(table, staging) {
             Some(m) if Path::new(&m.source) == device.path => {}
             _ => {
                 return Err(Error::FailedPrecondition(format!(
@@ -151,14 +234,9 @@ fn bind_target(
     if read_only {
         flags |= MsFlags::MS_RDONLY;
     }
-    let source: PathBuf = if block {
-        device.path.clone()
-    } else {
-        staging.to_owned()
-    };
     if block {
         let created = paths::ensure_file(target)?;
-        if let Err(e) = mount::bind(&source, target, flags) {
+        if let Err(e) = mount::bind(&device.path, target, flags) {
             if created {
                 let _ = paths::remove_target(target);
             }
@@ -166,7 +244,7 @@ fn bind_target(
         }
     } else {
         paths::ensure_dir(target)?;
-        mount::bind(&source, target, flags)?;
+        mount::bind(staging, target, flags)?;
     }
     Ok(())
 }
@@ -183,25 +261,41 @@ pub(super) async fn unpublish(
         .locked(&key, move |d| async move {
             let backing = d.backend.source_path(&id);
             let devices = devices_of(&d, &backing).await?;
+            let record = d.staged.get(id.as_str());
+            let known = record.is_some() || !devices.is_empty();
             let unpublish_id = id.clone();
+            let unmount_target = target.clone();
             d.blocking(move || {
+                let mut unmounted = false;
                 for _ in 0..8 {
                     let table = mount::read_mountinfo()?;
-                    let Some(existing) = mount::mount_at(&table, &target) else {
+                    let Some(existing) = mount::mount_at(&table, &unmount_target) else {
                         break;
                     };
-                    if !is_ours(existing, &target, &devices) {
+                    if !is_ours(existing, &unmount_target, &devices) {
                         return Err(Error::FailedPrecondition(format!(
                             "target_path {} holds a mount of {}, not of volume {unpublish_id}",
-                            target.display(),
+                            unmount_target.display(),
                             existing.source
                         )));
                     }
-                    mount::unmount(&target)?;
+                    mount::unmount(&unmount_target)?;
+                    unmounted = true;
                 }
-                paths::remove_target(&target)
+                if !unmounted && !known && !paths::exists(&backing) {
+                    return Err(Error::NotFound(format!(
+                        "volume {unpublish_id} does not exist"
+                    )));
+                }
+                paths::remove_target(&unmount_target)
             })
             .await?;
+            if let Some(mut record) = record.filter(|r| r.targets.contains_key(&target)) {
+                record.targets.remove(&target);
+                let stored = Arc::clone(&d);
+                d.blocking(move || stored.staged.put(&record.volume_id.clone(), &record))
+                    .await?;
+            }
             info!("volume unpublished");
             Ok(NodeUnpublishVolumeResponse {})
         })

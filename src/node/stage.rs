@@ -81,6 +81,7 @@ pub(super) async fn stage(
                 staging_path: staging.clone(),
                 access,
                 formatting: false,
+                targets: Default::default(),
             });
             if previous.is_none() {
                 put_record(&d, &record).await?;
@@ -266,6 +267,12 @@ pub(super) async fn unstage(
         .locked(&key, move |d| async move {
             let backing = d.backend.source_path(&id);
             let devices = devices_of(&d, &backing).await?;
+            if devices.is_empty() && !d.staged.contains(id.as_str()) {
+                let exists_path = backing.clone();
+                if !d.blocking(move || Ok(paths::exists(&exists_path))).await? {
+                    return Err(Error::NotFound(format!("volume {id} does not exist")));
+                }
+            }
             let unstage_id = id.clone();
             let stored = Arc::clone(&d);
             d.blocking(move || {

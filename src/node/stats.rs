@@ -142,21 +142,23 @@ fn mount_stats(
             .backing_deleted
             .then(|| format!("backing file of volume {id} was deleted while attached"))
     });
+    let mut usages = vec![usage(
+        Unit::Bytes,
+        fs.total_bytes,
+        fs.available_bytes,
+        fs.total_bytes.saturating_sub(fs.free_bytes),
+    )];
+    // btrfs allocates inodes dynamically and reports none: say nothing rather than zeros.
+    if fs.total_inodes > 0 {
+        usages.push(usage(
+            Unit::Inodes,
+            fs.total_inodes,
+            fs.free_inodes,
+            fs.total_inodes.saturating_sub(fs.free_inodes),
+        ));
+    }
     Ok(NodeGetVolumeStatsResponse {
-        usage: vec![
-            usage(
-                Unit::Bytes,
-                fs.total_bytes,
-                fs.available_bytes,
-                fs.total_bytes.saturating_sub(fs.free_bytes),
-            ),
-            usage(
-                Unit::Inodes,
-                fs.total_inodes,
-                fs.free_inodes,
-                fs.total_inodes.saturating_sub(fs.free_inodes),
-            ),
-        ],
+        usage: usages,
         volume_condition: condition(problem),
     })
 }

@@ -27,25 +27,33 @@ use crate::validate::{self, Access};
 
 use super::devices_of;
 
-/// Whether the mount at a target belongs to one of `devices`.
+/// Whether the mount at a target belongs to this volume.
 ///
-/// A block target is recognised by the device node bound there; one whose loop device was
-/// detached behind the driver's back still counts, so that it can be cleaned up.
-fn is_ours(entry: &MountEntry, target: &Path, devices: &[LoopDevice]) -> bool {
+/// A filesystem mount belongs when its source is one of the volume's loop devices. A block
+/// target (a bound device node) belongs when it is one of those devices, or when the
+/// driver recorded publishing it there (`recorded`): its loop device may have been
+/// detached behind the driver's back, or even reused by another volume since, and the
+/// stale bind must still be cleanable by the volume that made it.
+pub(super) fn is_ours(
+    entry: &MountEntry,
+    target: &Path,
+    devices: &[LoopDevice],
+    recorded: bool,
+) -> bool {
     if devices.iter().any(|d| Path::new(&entry.source) == d.path) {
         return true;
     }
     if !loopdev::is_block_device(target) {
         return false;
     }
-    match loopdev::rdev_of(target)
-        .ok()
-        .and_then(loopdev::loop_by_rdev)
-    {
-        Some((_, None)) => true,
-        Some((number, Some(_))) => devices.iter().any(|d| d.number == number),
-        None => false,
-    }
+    recorded
+        || match loopdev::rdev_of(target)
+            .ok()
+            .and_then(loopdev::loop_by_rdev)
+        {
+            Some((number, _)) => devices.iter().any(|d| d.number == number),
+            None => false,
+        }
 }
 
 /// Why a further publish would break the access mode of the volume's live targets.
@@ -150,16 +158,17 @@ pub(super) async fn publish(
                 .collect();
             let publish_id = id.clone();
             let bind_target_path = target.clone();
+            let recorded = record.targets.contains_key(&target);
             let mode = cap.mode;
             d.blocking(move || {
                 let table = mount::read_mountinfo()?;
                 if let Some(existing) = mount::mount_at(&table, &bind_target_path) {
-                    return check_existing(&publish_id, existing, &bind_target_path, &device, read_only);
+                    return check_existing(&publish_id, existing, &bind_target_path, &device, read_only, recorded);
                 }
                 let live: Vec<(PathBuf, TargetRecord)> = others
                     .into_iter()
                     .filter(|(t, _)| {
-                        mount::mount_at(&table, t).is_some_and(|m| is_ours(m, t, std::slice::from_ref(&device)))
+                        mount::mount_at(&table, t).is_some_and(|m| is_ours(m, t, std::slice::from_ref(&device), false))
                     })
                     .collect();
                 if let Some(conflict) = mode_conflict(&publish_id, mode, read_only, &live) {
@@ -188,8 +197,9 @@ fn check_existing(
     target: &Path,
     device: &LoopDevice,
     read_only: bool,
+    recorded: bool,
 ) -> Result<()> {
-    if !is_ours(existing, target, std::slice::from_ref(device)) {
+    if !is_ours(existing, target, std::slice::from_ref(device), recorded) {
         return Err(Error::FailedPrecondition(format!(
             "target_path {} already holds a mount of {}, not of volume {id}",
             target.display(),
@@ -263,6 +273,9 @@ pub(super) async fn unpublish(
             let devices = devices_of(&d, &backing).await?;
             let record = d.staged.get(id.as_str());
             let known = record.is_some() || !devices.is_empty();
+            let recorded = record
+                .as_ref()
+                .is_some_and(|r| r.targets.contains_key(&target));
             let unpublish_id = id.clone();
             let unmount_target = target.clone();
             d.blocking(move || {
@@ -272,7 +285,7 @@ pub(super) async fn unpublish(
                     let Some(existing) = mount::mount_at(&table, &unmount_target) else {
                         break;
                     };
-                    if !is_ours(existing, &unmount_target, &devices) {
+                    if !is_ours(existing, &unmount_target, &devices, recorded) {
                         return Err(Error::FailedPrecondition(format!(
                             "target_path {} holds a mount of {}, not of volume {unpublish_id}",
                             unmount_target.display(),

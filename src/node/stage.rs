@@ -235,24 +235,31 @@ async fn ensure_filesystem(
     }
 }
 
-/// Mounts of any of `devices` other than at `staging`: publish targets still in place.
-fn other_mounts(
+/// Where the volume is still published: filesystem mounts of its devices other than the
+/// staging mount, and recorded block targets that still hold one of its device nodes.
+fn still_published(
     table: &[MountEntry],
     devices: &[LoopDevice],
     rdevs: &[u64],
     staging: &Path,
+    record: Option<&StageRecord>,
 ) -> Vec<PathBuf> {
-    table
+    let mut found: Vec<PathBuf> = table
         .iter()
-        .filter(|m| m.mount_point != staging)
         .filter(|m| {
-            devices.iter().any(|d| Path::new(&m.source) == d.path)
-                || (m.root.starts_with('/')
-                    && devices.iter().any(|d| m.root == format!("/{}", d.name()))
-                    && loopdev::rdev_of(&m.mount_point).is_ok_and(|r| rdevs.contains(&r)))
+            m.mount_point != staging && devices.iter().any(|d| Path::new(&m.source) == d.path)
         })
         .map(|m| m.mount_point.clone())
-        .collect()
+        .collect();
+    for target in record.map(|r| r.targets.keys()).into_iter().flatten() {
+        let bound = mount::mount_at(table, target).is_some()
+            && loopdev::is_block_device(target)
+            && loopdev::rdev_of(target).is_ok_and(|r| rdevs.contains(&r));
+        if bound && !found.contains(target) {
+            found.push(target.clone());
+        }
+    }
+    found
 }
 
 #[instrument(skip_all, fields(method = "NodeUnstageVolume", volume_id = %req.volume_id), err)]
@@ -275,13 +282,14 @@ pub(super) async fn unstage(
             }
             let unstage_id = id.clone();
             let stored = Arc::clone(&d);
+            let record = d.staged.get(id.as_str());
             d.blocking(move || {
                 let rdevs: Vec<u64> = devices
                     .iter()
                     .filter_map(|dev| loopdev::rdev_of(&dev.path).ok())
                     .collect();
                 let table = mount::read_mountinfo()?;
-                let still = other_mounts(&table, &devices, &rdevs, &staging);
+                let still = still_published(&table, &devices, &rdevs, &staging, record.as_ref());
                 if !still.is_empty() {
                     return Err(Error::FailedPrecondition(format!(
                         "volume {unstage_id} is still mounted at {still:?}; unpublish it first"

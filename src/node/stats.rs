@@ -49,6 +49,10 @@ pub(super) async fn volume_stats(
         validate::abs_path("staging_target_path", &req.staging_target_path)?;
     }
     let backing = driver.backend.source_path(&id);
+    let recorded = driver
+        .staged
+        .get(id.as_str())
+        .is_some_and(|r| r.targets.contains_key(&path) || r.staging_path == path);
     driver
         .blocking(move || {
             if !paths::exists(&path) {
@@ -67,7 +71,7 @@ pub(super) async fn volume_stats(
                 None
             };
             if loopdev::is_block_device(&path) {
-                block_stats(&id, &path, &devices, backing_problem)
+                block_stats(&id, &path, &devices, backing_problem, recorded)
             } else {
                 mount_stats(&id, &path, &devices, backing_problem)
             }
@@ -80,6 +84,7 @@ fn block_stats(
     path: &Path,
     devices: &[LoopDevice],
     backing_problem: Option<String>,
+    recorded: bool,
 ) -> Result<NodeGetVolumeStatsResponse> {
     let rdev = loopdev::rdev_of(path)?;
     let not_ours = || {
@@ -89,18 +94,23 @@ fn block_stats(
         ))
     };
     let (number, backing) = loopdev::loop_by_rdev(rdev).ok_or_else(not_ours)?;
-    if backing.is_none() {
+    let Some(device) = devices.iter().find(|d| d.number == number) else {
+        // Not (or no longer) one of the volume's devices. If the driver published it here,
+        // the device was detached, or detached and reused, behind its back.
+        if !recorded {
+            return Err(not_ours());
+        }
+        let what = match backing {
+            None => "was detached".to_owned(),
+            Some(other) => format!("was detached and now serves {other}"),
+        };
         return Ok(NodeGetVolumeStatsResponse {
             usage: Vec::new(),
             volume_condition: condition(Some(format!(
-                "loop device /dev/loop{number} of volume {id} was detached; the volume is unreachable until it is staged again"
+                "loop device /dev/loop{number} of volume {id} {what}; the volume is unreachable until it is staged again"
             ))),
         });
-    }
-    let device = devices
-        .iter()
-        .find(|d| d.number == number)
-        .ok_or_else(not_ours)?;
+    };
     let size = device.size_bytes()?;
     let problem = backing_problem.or_else(|| {
         device

@@ -32,4 +32,5 @@ mod lifecycle;
 mod listing;
 mod node;
 mod restart;
+mod reuse;
 mod socket;

@@ -11,7 +11,7 @@ use crate::backend::Backend;
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::locks::OpLocks;
-use crate::store::{RecordDir, StageRecord, VolumeRecord};
+use crate::store::{RecordDir, SnapshotRecord, StageRecord, VolumeRecord};
 
 /// Shared state of one driver process.
 #[derive(Debug)]
@@ -22,6 +22,8 @@ pub struct Driver {
     pub backend: Arc<dyn Backend>,
     /// The controller's volume records.
     pub volumes: RecordDir<VolumeRecord>,
+    /// The controller's snapshot records.
+    pub snapshots: RecordDir<SnapshotRecord>,
     /// The node's records of staged volumes.
     pub staged: RecordDir<StageRecord>,
     /// One operation per volume at a time.
@@ -38,12 +40,14 @@ impl Driver {
     /// `Io` or `Record` when the store cannot be opened.
     pub fn open(config: Config, backend: Arc<dyn Backend>) -> Result<Arc<Self>> {
         let volumes = RecordDir::open(&config.state_dir.join("volumes"))?;
+        let snapshots = RecordDir::open(&config.state_dir.join("snapshots"))?;
         let staged = RecordDir::open(&config.state_dir.join("staged"))?;
         let slots = config.max_blocking_jobs.max(1);
         Ok(Arc::new(Driver {
             config,
             backend,
             volumes,
+            snapshots,
             staged,
             locks: Arc::new(OpLocks::default()),
             blocking_slots: Semaphore::new(slots),

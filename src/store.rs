@@ -198,6 +198,45 @@ pub struct VolumeRecord {
     /// Nodes this volume is published to, by node id.
     #[serde(default)]
     pub published: BTreeMap<String, Publication>,
+    /// What the volume was created from, if not empty.
+    #[serde(default)]
+    pub content_source: Option<ContentSource>,
+}
+
+/// The source a volume's data came from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "kind")]
+pub enum ContentSource {
+    /// Restored from this snapshot.
+    Snapshot {
+        /// The snapshot id.
+        snapshot_id: String,
+    },
+    /// Cloned from this volume.
+    Volume {
+        /// The source volume id.
+        volume_id: String,
+    },
+}
+
+/// The controller's durable record of one snapshot.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnapshotRecord {
+    /// The snapshot id (derived from `name`).
+    pub snapshot_id: String,
+    /// The CSI name the CO gave at CreateSnapshot.
+    pub name: String,
+    /// The volume it was taken of.
+    pub source_volume_id: String,
+    /// Size of the snapshot (the source volume's size then), in bytes.
+    pub size_bytes: u64,
+    /// Creation time: seconds since the epoch.
+    pub created_secs: i64,
+    /// Creation time: nanoseconds within the second.
+    pub created_nanos: i32,
+    /// Creation parameters as given.
+    #[serde(default)]
+    pub parameters: BTreeMap<String, String>,
 }
 
 /// How a volume is staged on this node.

@@ -7,6 +7,12 @@
 //! may still grow into (their size less what they already occupy). A mutex makes
 //! check-and-create atomic, so two concurrent creates cannot both take the last space.
 //!
+//! Snapshots are files in `POOL/snapshots/`; snapshots, restores and clones are made with
+//! reflinks where the pool filesystem has them (XFS with reflink, btrfs: constant time,
+//! no space) and with a sparse-aware copy otherwise. A copy is a file of its own, so a
+//! snapshot stays restorable after its source volume is deleted. When the source is
+//! mounted on this node its filesystem is frozen around the copy.
+//!
 //! # Limitations
 //! Space that other programs write into the pool's filesystem after a volume was created
 //! can still starve it; then the writer inside the volume sees ENOSPC.
@@ -18,13 +24,15 @@ use std::sync::Mutex;
 
 use nix::unistd::{access, AccessFlags};
 
-use crate::backend::{Backend, PoolCapacity, StorageStatus};
+use crate::backend::{Backend, PoolCapacity, Source, StorageStatus};
 use crate::error::{Error, Result};
-use crate::ids::{ParsedId, VolumeId};
-use crate::os::{loopdev, statfs};
+use crate::ids::{ParsedId, SnapshotId, VolumeId};
+use crate::os::freeze::{self, FrozenFs};
+use crate::os::{clone, loopdev, mount, statfs};
 use crate::store::sync_dir;
 
 const SUFFIX: &str = ".img";
+const SNAPSHOT_DIR: &str = "snapshots";
 
 /// Sparse files in a pool directory.
 #[derive(Debug)]
@@ -58,6 +66,70 @@ impl LoopBackend {
 
     fn backing_file(&self, id: &VolumeId) -> PathBuf {
         self.pool_dir.join(format!("{id}{SUFFIX}"))
+    }
+
+    fn snapshot_file(&self, id: &SnapshotId) -> PathBuf {
+        self.pool_dir
+            .join(SNAPSHOT_DIR)
+            .join(format!("{id}{SUFFIX}"))
+    }
+
+    /// Freezes the filesystem of `backing` if it is mounted on this node, so that a copy
+    /// taken while the guard lives is consistent. `None` when it is not mounted.
+    fn freeze_if_mounted(backing: &Path) -> Result<Option<FrozenFs>> {
+        let devices = loopdev::find_by_backing_file(backing)?;
+        if devices.is_empty() {
+            return Ok(None);
+        }
+        let table = mount::read_mountinfo()?;
+        let mounted = table
+            .iter()
+            .find(|m| devices.iter().any(|d| Path::new(&m.source) == d.path));
+        match mounted {
+            Some(m) => freeze::freeze_guard(&m.mount_point).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// Copies `src` to `dst` (reflink or sparse copy), frozen when `src` is mounted, and
+    /// sizes the copy to `size_bytes` when that is larger.
+    fn copy_into(&self, src: &Path, dst: &Path, size_bytes: Option<u64>) -> Result<()> {
+        let frozen = Self::freeze_if_mounted(src)?;
+        let method = clone::clone_file(src, dst);
+        if let Some(guard) = frozen {
+            guard.thaw()?;
+        }
+        let method = method?;
+        tracing::debug!(?method, src = %src.display(), dst = %dst.display(), "copied");
+        if let Some(size) = size_bytes {
+            let grown = OpenOptions::new()
+                .write(true)
+                .open(dst)
+                .and_then(|f| {
+                    if f.metadata()?.len() < size {
+                        f.set_len(size)?;
+                    }
+                    f.sync_all()
+                })
+                .map_err(|e| Error::io("size copy", dst, e));
+            if let Err(e) = grown {
+                let _ = fs::remove_file(dst);
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    /// Fails with RESOURCE_EXHAUSTED unless the pool can promise `needed` more bytes.
+    fn ensure_room(&self, what: &str, needed: u64) -> Result<()> {
+        let available = self.capacity()?.available_bytes;
+        if needed > available {
+            return Err(Error::ResourceExhausted(format!(
+                "{what} needs {needed} more bytes but pool {} can promise only {available}",
+                self.pool_dir.display()
+            )));
+        }
+        Ok(())
     }
 
     /// Bytes that existing volumes may still grow into.
@@ -165,6 +237,108 @@ impl Backend for LoopBackend {
             available_bytes: usage.available_bytes.saturating_sub(promised),
             total_bytes: usage.total_bytes,
         })
+    }
+
+    fn create_from(&self, id: &VolumeId, source: Source<'_>, size_bytes: u64) -> Result<()> {
+        let _allocating = self.allocation.lock().unwrap_or_else(|p| p.into_inner());
+        let src = match source {
+            Source::Snapshot(s) => self.snapshot_file(s),
+            Source::Volume(v) => self.backing_file(v),
+        };
+        let meta = match fs::metadata(&src) {
+            Ok(meta) => meta,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                return Err(Error::NotFound(format!(
+                    "the source of volume {id} has no data ({})",
+                    src.display()
+                )));
+            }
+            Err(e) => return Err(Error::io("stat", &src, e)),
+        };
+        if meta.len() > size_bytes {
+            return Err(Error::OutOfRange(format!(
+                "volume {id} of {size_bytes} bytes cannot hold its source of {} bytes",
+                meta.len()
+            )));
+        }
+        // The copy may grow into its whole size; what it shares with the source is
+        // already allocated (reflink) or will be copied (sparse copy).
+        let dst = self.backing_file(id);
+        let existing = match self.status(id)? {
+            StorageStatus::Present {
+                size_bytes,
+                allocated_bytes,
+            } => size_bytes.saturating_sub(allocated_bytes),
+            StorageStatus::Missing => 0,
+        };
+        let needed = size_bytes.saturating_sub(existing);
+        self.ensure_room(&format!("volume {id}"), needed)?;
+        self.copy_into(&src, &dst, Some(size_bytes))?;
+        sync_dir(&self.pool_dir)
+    }
+
+    fn expand(&self, id: &VolumeId, size_bytes: u64) -> Result<()> {
+        let _allocating = self.allocation.lock().unwrap_or_else(|p| p.into_inner());
+        let path = self.backing_file(id);
+        let current = match self.status(id)? {
+            StorageStatus::Present { size_bytes, .. } => size_bytes,
+            StorageStatus::Missing => {
+                return Err(Error::NotFound(format!(
+                    "volume {id} has no backing file {}",
+                    path.display()
+                )));
+            }
+        };
+        if size_bytes <= current {
+            return Ok(());
+        }
+        self.ensure_room(&format!("growing volume {id}"), size_bytes - current)?;
+        let file = OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .map_err(|e| Error::io("open backing file", &path, e))?;
+        file.set_len(size_bytes)
+            .map_err(|e| Error::io("grow backing file", &path, e))?;
+        file.sync_all().map_err(|e| Error::io("fsync", &path, e))
+    }
+
+    fn snapshot(&self, volume: &VolumeId, snapshot: &SnapshotId) -> Result<u64> {
+        let src = self.backing_file(volume);
+        if !src.exists() {
+            return Err(Error::NotFound(format!(
+                "volume {volume} has no backing file {}",
+                src.display()
+            )));
+        }
+        let dir = self.pool_dir.join(SNAPSHOT_DIR);
+        fs::create_dir_all(&dir).map_err(|e| Error::io("create directory", &dir, e))?;
+        let dst = self.snapshot_file(snapshot);
+        self.copy_into(&src, &dst, None)?;
+        sync_dir(&dir)?;
+        fs::metadata(&dst)
+            .map(|m| m.len())
+            .map_err(|e| Error::io("stat", &dst, e))
+    }
+
+    fn delete_snapshot(&self, snapshot: &SnapshotId) -> Result<()> {
+        let path = self.snapshot_file(snapshot);
+        match fs::remove_file(&path) {
+            Ok(()) => sync_dir(&self.pool_dir.join(SNAPSHOT_DIR)),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(Error::io("remove snapshot file", &path, e)),
+        }
+    }
+
+    fn snapshot_status(&self, snapshot: &SnapshotId) -> Result<StorageStatus> {
+        let path = self.snapshot_file(snapshot);
+        match fs::metadata(&path) {
+            Ok(meta) => Ok(StorageStatus::Present {
+                size_bytes: meta.len(),
+                allocated_bytes: statfs::allocated_bytes(&path)?,
+            }),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(StorageStatus::Missing),
+            Err(e) => Err(Error::io("stat snapshot file", &path, e)),
+        }
     }
 
     fn source_path(&self, id: &VolumeId) -> PathBuf {

@@ -11,7 +11,7 @@ use std::fmt;
 use std::path::PathBuf;
 
 use crate::error::Result;
-use crate::ids::VolumeId;
+use crate::ids::{SnapshotId, VolumeId};
 
 pub use loopfile::LoopBackend;
 
@@ -36,6 +36,15 @@ pub enum StorageStatus {
     },
     /// Nothing exists for this id.
     Missing,
+}
+
+/// Where a new volume's data comes from.
+#[derive(Debug, Clone, Copy)]
+pub enum Source<'a> {
+    /// A snapshot (restore).
+    Snapshot(&'a SnapshotId),
+    /// Another volume (clone).
+    Volume(&'a VolumeId),
 }
 
 /// The storage operations every backend provides.
@@ -76,6 +85,41 @@ pub trait Backend: Send + Sync + fmt::Debug {
 
     /// The file or device the node attaches for `id`.
     fn source_path(&self, id: &VolumeId) -> PathBuf;
+
+    /// Creates `size_bytes` of storage for `id` holding a copy of `source`'s data. The
+    /// size must be at least the source's.
+    ///
+    /// # Errors
+    /// `NotFound` when the source has no storage; `ResourceExhausted` when the pool cannot
+    /// hold the copy; `Io` otherwise.
+    fn create_from(&self, id: &VolumeId, source: Source<'_>, size_bytes: u64) -> Result<()>;
+
+    /// Grows the storage of `id` to `size_bytes` (never shrinks it).
+    ///
+    /// # Errors
+    /// `NotFound` when it has no storage; `ResourceExhausted` when the pool cannot hold
+    /// the growth.
+    fn expand(&self, id: &VolumeId, size_bytes: u64) -> Result<()>;
+
+    /// Takes a point-in-time copy of `volume` as `snapshot`, consistent with a filesystem
+    /// staged on this node (frozen around the copy). Returns the snapshot's size.
+    ///
+    /// # Errors
+    /// `NotFound` when the volume has no storage; `ResourceExhausted` when the pool cannot
+    /// hold the copy.
+    fn snapshot(&self, volume: &VolumeId, snapshot: &SnapshotId) -> Result<u64>;
+
+    /// Removes a snapshot's storage; missing storage counts as success.
+    ///
+    /// # Errors
+    /// `Io` when it cannot be removed.
+    fn delete_snapshot(&self, snapshot: &SnapshotId) -> Result<()>;
+
+    /// The state of a snapshot's storage.
+    ///
+    /// # Errors
+    /// `Io` when it cannot be inspected.
+    fn snapshot_status(&self, snapshot: &SnapshotId) -> Result<StorageStatus>;
 
     /// Ids of all volumes whose storage exists.
     ///

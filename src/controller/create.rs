@@ -1,4 +1,4 @@
-//! CreateVolume and DeleteVolume.
+//! CreateVolume (empty, from a snapshot, or cloned from a volume) and DeleteVolume.
 //!
 //! CreateVolume is idempotent by name: the volume id is derived from the name, so a retry
 //! (also one after a crash) lands on the same id and finds what the first attempt made.
@@ -12,14 +12,84 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use tracing::{info, instrument};
 
+use crate::backend::Source;
+use crate::csi::v1::volume_content_source::{SnapshotSource, Type as SourceType, VolumeSource};
 use crate::csi::v1::{
     CreateVolumeRequest, CreateVolumeResponse, DeleteVolumeRequest, DeleteVolumeResponse, Volume,
+    VolumeContentSource,
 };
 use crate::driver::Driver;
 use crate::error::{Error, Result};
-use crate::ids::{ParsedId, VolumeId};
-use crate::store::VolumeRecord;
+use crate::ids::{ParsedId, SnapshotId, VolumeId};
+use crate::store::{ContentSource, VolumeRecord};
 use crate::validate;
+
+/// A content source found in the records.
+#[derive(Debug)]
+struct ResolvedSource {
+    /// The record's form of it.
+    record: ContentSource,
+    /// Its size in bytes: the new volume is at least this big.
+    size_bytes: u64,
+}
+
+/// Looks up the snapshot or volume a CreateVolume names as its content source.
+fn resolve_source(
+    driver: &Driver,
+    source: Option<&VolumeContentSource>,
+) -> Result<Option<ResolvedSource>> {
+    let Some(source) = source else {
+        return Ok(None);
+    };
+    match &source.r#type {
+        Some(SourceType::Snapshot(s)) => {
+            let id = SnapshotId::parse_ours(
+                "volume_content_source.snapshot.snapshot_id",
+                &s.snapshot_id,
+            )?;
+            let record = driver
+                .snapshots
+                .get(id.as_str())
+                .ok_or_else(|| Error::NotFound(format!("source snapshot {id} does not exist")))?;
+            Ok(Some(ResolvedSource {
+                record: ContentSource::Snapshot {
+                    snapshot_id: id.to_string(),
+                },
+                size_bytes: record.size_bytes,
+            }))
+        }
+        Some(SourceType::Volume(v)) => {
+            let id = VolumeId::parse_ours("volume_content_source.volume.volume_id", &v.volume_id)?;
+            let record = driver
+                .volumes
+                .get(id.as_str())
+                .ok_or_else(|| Error::NotFound(format!("source volume {id} does not exist")))?;
+            Ok(Some(ResolvedSource {
+                record: ContentSource::Volume {
+                    volume_id: id.to_string(),
+                },
+                size_bytes: record.capacity_bytes,
+            }))
+        }
+        None => Err(Error::InvalidArgument(
+            "volume_content_source names neither a snapshot nor a volume".into(),
+        )),
+    }
+}
+
+fn content_source_message(source: &ContentSource) -> VolumeContentSource {
+    let r#type = match source {
+        ContentSource::Snapshot { snapshot_id } => SourceType::Snapshot(SnapshotSource {
+            snapshot_id: snapshot_id.clone(),
+        }),
+        ContentSource::Volume { volume_id } => SourceType::Volume(VolumeSource {
+            volume_id: volume_id.clone(),
+        }),
+    };
+    VolumeContentSource {
+        r#type: Some(r#type),
+    }
+}
 
 /// The CSI `Volume` message for a record.
 pub(super) fn volume_message(driver: &Driver, record: &VolumeRecord) -> Volume {
@@ -27,7 +97,7 @@ pub(super) fn volume_message(driver: &Driver, record: &VolumeRecord) -> Volume {
         capacity_bytes: i64::try_from(record.capacity_bytes).unwrap_or(i64::MAX),
         volume_id: record.volume_id.clone(),
         volume_context: Default::default(),
-        content_source: None,
+        content_source: record.content_source.as_ref().map(content_source_message),
         accessible_topology: vec![validate::node_topology(&driver.config)],
     }
 }
@@ -40,16 +110,12 @@ pub(super) async fn create_volume(
     validate::name("name", &req.name)?;
     let caps = validate::capabilities("volume_capabilities", &req.volume_capabilities)?;
     validate::parameters(&req.parameters)?;
-    if req.volume_content_source.is_some() {
-        return Err(Error::InvalidArgument(
-            "volume_content_source is not supported yet: ferrovol creates empty volumes only"
-                .into(),
-        ));
-    }
+    let source = resolve_source(driver, req.volume_content_source.as_ref())?;
     let default_fs = driver.config.default_fs_type;
     let min_bytes = caps
         .iter()
         .map(|c| c.min_bytes(default_fs))
+        .chain(source.as_ref().map(|s| s.size_bytes))
         .max()
         .unwrap_or(validate::MIN_SIZE);
     let size = validate::volume_size(req.capacity_range.as_ref(), min_bytes)?;
@@ -72,13 +138,46 @@ pub(super) async fn create_volume(
                     req.capacity_range.as_ref(),
                     &parameters,
                 )?;
+                let wanted = source.as_ref().map(|s| &s.record);
+                if existing.content_source.as_ref() != wanted {
+                    return Err(Error::AlreadyExists(format!(
+                        "volume {:?} exists with content source {:?}, not {wanted:?}",
+                        existing.name, existing.content_source
+                    )));
+                }
                 return Ok(CreateVolumeResponse {
                     volume: Some(volume_message(&d, &existing)),
                 });
             }
             let backend = Arc::clone(&d.backend);
             let create_id = id.clone();
-            d.blocking(move || backend.create(&create_id, size)).await?;
+            let content_source = source.map(|s| s.record);
+            match content_source.clone() {
+                None => d.blocking(move || backend.create(&create_id, size)).await?,
+                Some(from) => {
+                    // The source stays put (no delete, no expand) while it is copied.
+                    let source_key = match &from {
+                        ContentSource::Snapshot { snapshot_id } => snapshot_id.clone(),
+                        ContentSource::Volume { volume_id } => volume_id.clone(),
+                    };
+                    let _source_guard = d.locks.try_lock(&source_key)?;
+                    d.blocking(move || {
+                        let (snapshot, volume);
+                        let source = match &from {
+                            ContentSource::Snapshot { snapshot_id } => {
+                                snapshot = SnapshotId::parse_ours("snapshot_id", snapshot_id)?;
+                                Source::Snapshot(&snapshot)
+                            }
+                            ContentSource::Volume { volume_id } => {
+                                volume = VolumeId::parse_ours("volume_id", volume_id)?;
+                                Source::Volume(&volume)
+                            }
+                        };
+                        backend.create_from(&create_id, source, size)
+                    })
+                    .await?
+                }
+            }
             let record = VolumeRecord {
                 volume_id: id.to_string(),
                 name: req.name,
@@ -89,6 +188,7 @@ pub(super) async fn create_volume(
                     .duration_since(UNIX_EPOCH)
                     .map_or(0, |t| t.as_secs()),
                 published: BTreeMap::new(),
+                content_source,
             };
             let stored = Arc::clone(&d);
             let to_store = record.clone();

@@ -1,14 +1,17 @@
 //! The Controller service: volume lifecycle on the controller side.
 //!
 //! Each RPC group lives in its own file: [`create`] (CreateVolume, DeleteVolume),
-//! [`publish`] (ControllerPublish/Unpublish, ValidateVolumeCapabilities) and [`query`]
-//! (ListVolumes, GetCapacity, ControllerGetVolume). This file wires them to the generated
-//! tonic trait and lists the capabilities. Snapshots and expansion are not served yet and
-//! answer UNIMPLEMENTED.
+//! [`publish`] (ControllerPublish/Unpublish, ValidateVolumeCapabilities), [`query`]
+//! (ListVolumes, GetCapacity, ControllerGetVolume), [`snapshot`] (Create/Delete/List/Get
+//! snapshots) and [`expand`] (ControllerExpandVolume). This file wires them to the
+//! generated tonic trait and lists the capabilities. ControllerModifyVolume answers
+//! UNIMPLEMENTED.
 
 mod create;
+mod expand;
 mod publish;
 mod query;
+mod snapshot;
 
 use std::sync::Arc;
 
@@ -45,6 +48,11 @@ const CAPABILITIES: &[Rpc] = &[
     Rpc::VolumeCondition,
     Rpc::GetVolume,
     Rpc::SingleNodeMultiWriter,
+    Rpc::CreateDeleteSnapshot,
+    Rpc::ListSnapshots,
+    Rpc::GetSnapshot,
+    Rpc::CloneVolume,
+    Rpc::ExpandVolume,
 ];
 
 fn unimplemented(method: &str) -> Status {
@@ -128,37 +136,37 @@ impl Controller for ControllerService {
 
     async fn create_snapshot(
         &self,
-        _request: Request<CreateSnapshotRequest>,
+        request: Request<CreateSnapshotRequest>,
     ) -> Result<Response<CreateSnapshotResponse>, Status> {
-        Err(unimplemented("CreateSnapshot"))
+        reply(snapshot::create_snapshot(&self.driver, request.into_inner()).await)
     }
 
     async fn delete_snapshot(
         &self,
-        _request: Request<DeleteSnapshotRequest>,
+        request: Request<DeleteSnapshotRequest>,
     ) -> Result<Response<DeleteSnapshotResponse>, Status> {
-        Err(unimplemented("DeleteSnapshot"))
+        reply(snapshot::delete_snapshot(&self.driver, request.into_inner()).await)
     }
 
     async fn list_snapshots(
         &self,
-        _request: Request<ListSnapshotsRequest>,
+        request: Request<ListSnapshotsRequest>,
     ) -> Result<Response<ListSnapshotsResponse>, Status> {
-        Err(unimplemented("ListSnapshots"))
+        reply(snapshot::list_snapshots(&self.driver, request.into_inner()))
     }
 
     async fn get_snapshot(
         &self,
-        _request: Request<GetSnapshotRequest>,
+        request: Request<GetSnapshotRequest>,
     ) -> Result<Response<GetSnapshotResponse>, Status> {
-        Err(unimplemented("GetSnapshot"))
+        reply(snapshot::get_snapshot(&self.driver, request.into_inner()))
     }
 
     async fn controller_expand_volume(
         &self,
-        _request: Request<ControllerExpandVolumeRequest>,
+        request: Request<ControllerExpandVolumeRequest>,
     ) -> Result<Response<ControllerExpandVolumeResponse>, Status> {
-        Err(unimplemented("ControllerExpandVolume"))
+        reply(expand::expand_volume(&self.driver, request.into_inner()).await)
     }
 
     async fn controller_get_volume(

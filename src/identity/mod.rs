@@ -11,7 +11,9 @@ use tracing::{instrument, warn};
 
 use crate::config::Mode;
 use crate::csi::v1::identity_server::Identity;
-use crate::csi::v1::plugin_capability::{service, Service, Type};
+use crate::csi::v1::plugin_capability::{
+    service, volume_expansion, Service, Type, VolumeExpansion,
+};
 use crate::csi::v1::{
     GetPluginCapabilitiesRequest, GetPluginCapabilitiesResponse, GetPluginInfoRequest,
     GetPluginInfoResponse, PluginCapability, ProbeRequest, ProbeResponse,
@@ -82,6 +84,11 @@ impl Identity for IdentityService {
         capabilities.push(service_capability(
             service::Type::VolumeAccessibilityConstraints,
         ));
+        capabilities.push(PluginCapability {
+            r#type: Some(Type::VolumeExpansion(VolumeExpansion {
+                r#type: volume_expansion::Type::Online as i32,
+            })),
+        });
         Ok(Response::new(GetPluginCapabilitiesResponse {
             capabilities,
         }))

@@ -1,10 +1,12 @@
 //! The Node service: staging, publishing, stats and node info.
 //!
 //! [`stage`] holds NodeStage/NodeUnstage (loop attach, probe, mkfs, mount), [`publish`]
-//! NodePublish/NodeUnpublish (bind mounts), [`stats`] NodeGetVolumeStats. Every decision
+//! NodePublish/NodeUnpublish (bind mounts), [`stats`] NodeGetVolumeStats, [`expand`]
+//! NodeExpandVolume. Every decision
 //! is taken from the real system (sysfs loop backing files, mountinfo), so a repeated call
 //! or a call after a driver restart or a node reboot finds the true state.
 
+mod expand;
 mod publish;
 mod stage;
 mod stats;
@@ -43,6 +45,7 @@ const CAPABILITIES: &[Rpc] = &[
     Rpc::GetVolumeStats,
     Rpc::VolumeCondition,
     Rpc::SingleNodeMultiWriter,
+    Rpc::ExpandVolume,
 ];
 
 /// Loop devices attached to a backing file, found on a blocking thread.
@@ -96,11 +99,9 @@ impl Node for NodeService {
 
     async fn node_expand_volume(
         &self,
-        _request: Request<NodeExpandVolumeRequest>,
+        request: Request<NodeExpandVolumeRequest>,
     ) -> Result<Response<NodeExpandVolumeResponse>, Status> {
-        Err(Status::unimplemented(
-            "NodeExpandVolume is not supported by ferrovol yet",
-        ))
+        reply(expand::expand(&self.driver, request.into_inner()).await)
     }
 
     async fn node_get_capabilities(

@@ -27,7 +27,7 @@ use crate::ids::VolumeId;
 use crate::os::loopdev::{self, LoopDevice};
 use crate::os::mount::{self, MountEntry};
 use crate::os::tools::{self, Content};
-use crate::os::{paths, statfs};
+use crate::os::{grow, paths, statfs, superblock};
 use crate::store::{StageRecord, StagedAccess};
 use crate::validate::{self, Access};
 
@@ -155,7 +155,16 @@ async fn stage_steps(
             m.source
         )));
     }
-    ensure_filesystem(driver, backing, &device, fs_type, record).await?;
+    let existed = ensure_filesystem(driver, backing, &device, fs_type, record).await?;
+    // A filesystem smaller than its device (restored or cloned into a larger volume, or
+    // expanded while not staged) is grown: ext4 offline before the mount, which needs no
+    // CAP_SYS_RESOURCE; XFS and btrfs online after it, the only way they grow.
+    let mut grow_after_mount =
+        existed && !read_only && smaller_than_device(driver, &device, fs_type).await?;
+    if grow_after_mount && fs_type == FsType::Ext4 {
+        grow::grow_ext4_offline(&device.path, driver.config.tool_timeout).await?;
+        grow_after_mount = false;
+    }
     let mut opts = mount::parse_mount_flags(&mount_flags)?;
     if read_only {
         opts.flags |= MsFlags::MS_RDONLY;
@@ -170,6 +179,7 @@ async fn stage_steps(
         };
     }
     let dev_path = device.path.clone();
+    let mount_point = staging.clone();
     driver
         .blocking(move || {
             paths::ensure_dir(&staging)?;
@@ -189,6 +199,44 @@ async fn stage_steps(
                 other => other,
             })
         })
+        .await?;
+    if grow_after_mount {
+        if let Err(e) = grow::grow_filesystem(
+            fs_type,
+            &device.path,
+            &mount_point,
+            driver.config.tool_timeout,
+        )
+        .await
+        {
+            // Leave no mount behind a failed stage.
+            let _ = driver.blocking(move || mount::unmount(&mount_point)).await;
+            return Err(e);
+        }
+        info!(
+            fs_type = fs_type.as_str(),
+            "grew the filesystem to its device"
+        );
+    }
+    Ok(())
+}
+
+/// Whether the filesystem on `device` is clearly smaller than the device. A few MiB of
+/// slack cover the tail that a grown filesystem may leave unused (ext4 drops a last block
+/// group too small for its metadata).
+async fn smaller_than_device(
+    driver: &Arc<Driver>,
+    device: &LoopDevice,
+    fs: FsType,
+) -> Result<bool> {
+    const SLACK: u64 = 4 << 20;
+    let device = device.clone();
+    driver
+        .blocking(move || {
+            let device_bytes = device.size_bytes()?;
+            let fs_bytes = superblock::filesystem_bytes(&device.path, fs)?;
+            Ok(fs_bytes.saturating_add(SLACK) < device_bytes)
+        })
         .await
 }
 
@@ -200,10 +248,10 @@ async fn ensure_filesystem(
     device: &LoopDevice,
     fs_type: FsType,
     record: &mut StageRecord,
-) -> Result<()> {
+) -> Result<bool> {
     let timeout = driver.config.tool_timeout;
     match tools::probe(&device.path, timeout).await? {
-        Content::Signature(found) if found == fs_type.as_str() => Ok(()),
+        Content::Signature(found) if found == fs_type.as_str() => Ok(true),
         Content::Signature(found) => Err(Error::FailedPrecondition(format!(
             "volume {} holds a {found} signature but {} was requested; refusing to reformat it",
             record.volume_id,
@@ -230,7 +278,7 @@ async fn ensure_filesystem(
             record.formatting = false;
             put_record(driver, record).await?;
             info!(fs_type = fs_type.as_str(), device = %device.path.display(), "formatted blank volume");
-            Ok(())
+            Ok(false)
         }
     }
 }

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use crate::config::FsType;
 use crate::error::Result;
-use crate::os::tools::run_ok;
+use crate::os::tools::{run, run_ok};
 
 /// Grows the filesystem of type `fs` on `device`, mounted at `mount_point`, to the size of
 /// the device.
@@ -30,6 +30,30 @@ pub async fn grow_filesystem(
     let (program, args) = grow_command(fs, device, mount_point);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     run_ok(program, &args, timeout).await.map(drop)
+}
+
+/// Grows an unmounted ext4 filesystem to its device's size: `e2fsck -f -p` (which
+/// resize2fs demands first, and which replays a journal left by a frozen snapshot), then
+/// `resize2fs`. Unlike online resize this needs no `CAP_SYS_RESOURCE`.
+///
+/// # Errors
+/// `Tool` when e2fsck finds errors it cannot fix on its own or resize2fs fails; `Io` and
+/// `Timeout` as for [`grow_filesystem`].
+pub async fn grow_ext4_offline(device: &Path, timeout: Duration) -> Result<()> {
+    let dev = device.to_string_lossy();
+    let check = run("e2fsck", &["-f", "-p", dev.as_ref()], timeout).await?;
+    // 0: clean, 1: errors fixed; anything else needs a person.
+    if !matches!(check.status.code(), Some(0 | 1)) {
+        return Err(crate::error::Error::Tool {
+            program: "e2fsck".into(),
+            args: format!("-f -p {dev}"),
+            status: check.status.to_string(),
+            stderr: String::from_utf8_lossy(&check.stderr).trim().to_owned(),
+        });
+    }
+    run_ok("resize2fs", &[dev.as_ref()], timeout)
+        .await
+        .map(drop)
 }
 
 /// The program and arguments that grow `fs`.

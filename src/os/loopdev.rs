@@ -6,7 +6,9 @@
 //! atomic ioctl that sets the backing file, flags and block size) and found again by
 //! reading `/sys/block/loopN/loop/backing_file`, so staging is idempotent across driver
 //! restarts. Direct I/O is asked for and silently dropped when the pool filesystem cannot
-//! do it (tmpfs, for one), so page-cache double buffering is avoided where possible.
+//! do it (tmpfs, for one), so page-cache double buffering is avoided where possible. The
+//! logical block size is always 4096 bytes, so a filesystem made on a volume mounts again
+//! whatever the pool and whether or not direct I/O was granted.
 //!
 //! # Limitations
 //! Devices are found by backing file path; a pool directory reached through two different
@@ -31,6 +33,12 @@ const LOOP_MAJOR: u64 = 7;
 const LO_FLAGS_DIRECT_IO: u32 = 16;
 const LO_NAME_SIZE: usize = 64;
 const LO_KEY_SIZE: usize = 32;
+/// The logical block size of every loop device ferrovol attaches. It must not change over
+/// a volume's life: a filesystem made with blocks smaller than the device's logical block
+/// size cannot be mounted (ext4 "bad block size"), and with `block_size` 0 the kernel
+/// picks 512 or the pool's direct-I/O alignment (4096 on XFS) depending on whether direct
+/// I/O was granted. 4096 fits every pool's alignment, so direct I/O stays possible.
+const LOGICAL_BLOCK_SIZE: u32 = 4096;
 /// How often attach retries when another process takes the free device first.
 const ATTACH_ATTEMPTS: usize = 32;
 
@@ -281,7 +289,7 @@ fn configure(
     let fd = u32::try_from(backing.as_raw_fd()).map_err(|_| Errno::EBADF)?;
     let config = LoopConfig {
         fd,
-        block_size: 0,
+        block_size: LOGICAL_BLOCK_SIZE,
         info,
         reserved: [0; 8],
     };

@@ -14,4 +14,5 @@ pub mod loopdev;
 pub mod mount;
 pub mod paths;
 pub mod statfs;
+pub mod superblock;
 pub mod tools;

@@ -1,0 +1,118 @@
+//! NodeExpandVolume: the node half of online expansion.
+//!
+//! The controller grew the backing file; here the loop device learns the new size
+//! (`LOOP_SET_CAPACITY`) and the mounted filesystem grows into it (resize2fs, xfs_growfs,
+//! btrfs resize). A block volume needs only the device step.
+//!
+//! # Limitations
+//! The kernel lets only a process with `CAP_SYS_RESOURCE` grow a mounted ext4. Without it
+//! the request fails with FAILED_PRECONDITION saying so; the filesystem then grows
+//! offline the next time the volume is staged.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use tracing::{info, instrument};
+
+use crate::backend::StorageStatus;
+use crate::config::FsType;
+use crate::csi::v1::{NodeExpandVolumeRequest, NodeExpandVolumeResponse};
+use crate::driver::Driver;
+use crate::error::{Error, Result};
+use crate::ids::VolumeId;
+use crate::os::{caps, grow, loopdev, mount};
+use crate::validate;
+
+use super::devices_of;
+
+#[instrument(skip_all, fields(method = "NodeExpandVolume", volume_id = %req.volume_id), err)]
+pub(super) async fn expand(
+    driver: &Arc<Driver>,
+    req: NodeExpandVolumeRequest,
+) -> Result<NodeExpandVolumeResponse> {
+    let id = VolumeId::parse_ours("volume_id", &req.volume_id)?;
+    let path = validate::abs_path("volume_path", &req.volume_path)?;
+    if !req.staging_target_path.is_empty() {
+        validate::abs_path("staging_target_path", &req.staging_target_path)?;
+    }
+    if let Some(range) = &req.capacity_range {
+        if range.required_bytes < 0 || range.limit_bytes < 0 {
+            return Err(Error::InvalidArgument(
+                "capacity_range holds a negative size".into(),
+            ));
+        }
+    }
+    if let Some(cap) = req.volume_capability.as_ref() {
+        validate::capability("volume_capability", Some(cap))?;
+    }
+    let key = id.to_string();
+    driver
+        .locked(&key, move |d| async move {
+            let backend = Arc::clone(&d.backend);
+            let status_id = id.clone();
+            if d.blocking(move || backend.status(&status_id)).await? == StorageStatus::Missing {
+                return Err(Error::NotFound(format!("volume {id} does not exist")));
+            }
+            let backing = d.backend.source_path(&id);
+            let device = devices_of(&d, &backing)
+                .await?
+                .into_iter()
+                .next()
+                .ok_or_else(|| Error::FailedPrecondition(format!("volume {id} is not staged on this node")))?;
+            let recorded = d
+                .staged
+                .get(id.as_str())
+                .is_some_and(|r| r.targets.contains_key(&path) || r.staging_path == path);
+            let (check_id, check_device, check_path) = (id.clone(), device.clone(), path.clone());
+            let (size, filesystem) = d
+                .blocking(move || {
+                    loopdev::refresh_capacity(&check_device)?;
+                    let size = check_device.size_bytes()?;
+                    let table = mount::read_mountinfo()?;
+                    let entry = mount::mount_at(&table, &check_path);
+                    if loopdev::is_block_device(&check_path) {
+                        let same = loopdev::rdev_of(&check_path)? == loopdev::rdev_of(&check_device.path)?;
+                        if entry.is_none() || !(same || recorded) {
+                            return Err(Error::NotFound(format!(
+                                "volume_path {} is not a device of volume {check_id}",
+                                check_path.display()
+                            )));
+                        }
+                        return Ok((size, None));
+                    }
+                    let entry = entry
+                        .filter(|m| Path::new(&m.source) == check_device.path)
+                        .ok_or_else(|| {
+                            Error::NotFound(format!(
+                                "volume_path {} is not a mount of volume {check_id}",
+                                check_path.display()
+                            ))
+                        })?;
+                    let fs = FsType::parse(&entry.fs_type).ok_or_else(|| {
+                        Error::FailedPrecondition(format!("cannot grow a {} filesystem", entry.fs_type))
+                    })?;
+                    Ok((size, Some((fs, entry.read_only()))))
+                })
+                .await?;
+            if let Some((fs, read_only)) = filesystem {
+                if read_only {
+                    return Err(Error::FailedPrecondition(format!(
+                        "volume {id} is mounted read-only at {}; its filesystem cannot grow there",
+                        path.display()
+                    )));
+                }
+                if fs == FsType::Ext4 && !caps::has_effective(caps::CAP_SYS_RESOURCE) {
+                    return Err(Error::FailedPrecondition(format!(
+                        "growing the mounted ext4 filesystem of volume {id} needs CAP_SYS_RESOURCE, which the driver \
+                         lacks; the device has grown to {size} bytes and the filesystem grows when the volume is next staged"
+                    )));
+                }
+                grow::grow_filesystem(fs, &device.path, &path, d.config.tool_timeout).await?;
+            }
+            info!(capacity_bytes = size, "volume expanded on the node");
+            Ok(NodeExpandVolumeResponse {
+                capacity_bytes: i64::try_from(size).unwrap_or(i64::MAX),
+            })
+        })
+        .await
+}

@@ -58,7 +58,12 @@ pub(super) async fn expand(
                 .await?
                 .into_iter()
                 .next()
-                .ok_or_else(|| Error::FailedPrecondition(format!("volume {id} is not staged on this node")))?;
+.ok_or_else(|| {
+                    Error::NotFound(format!(
+                        "volume_path {} is not a mount of volume {id}: the volume is not staged on this node",
+                        path.display()
+                    ))
+                })?;
             let recorded = d
                 .staged
                 .get(id.as_str())
@@ -101,13 +106,16 @@ pub(super) async fn expand(
                         path.display()
                     )));
                 }
-                if fs == FsType::Ext4 && !caps::has_effective(caps::CAP_SYS_RESOURCE) {
+                let needs_growth = fs != FsType::Ext4 || super::smaller_than_device(&d, &device, fs).await?;
+                if needs_growth && fs == FsType::Ext4 && !caps::has_effective(caps::CAP_SYS_RESOURCE) {
                     return Err(Error::FailedPrecondition(format!(
                         "growing the mounted ext4 filesystem of volume {id} needs CAP_SYS_RESOURCE, which the driver \
                          lacks; the device has grown to {size} bytes and the filesystem grows when the volume is next staged"
                     )));
                 }
-                grow::grow_filesystem(fs, &device.path, &path, d.config.tool_timeout).await?;
+                if needs_growth {
+                    grow::grow_filesystem(fs, &device.path, &path, d.config.tool_timeout).await?;
+                }
             }
             info!(capacity_bytes = size, "volume expanded on the node");
             Ok(NodeExpandVolumeResponse {

@@ -16,6 +16,7 @@ use std::sync::Arc;
 
 use tonic::{Request, Response, Status};
 
+use crate::config::FsType;
 use crate::csi::v1::node_server::Node;
 use crate::csi::v1::node_service_capability::rpc::Type as Rpc;
 use crate::csi::v1::node_service_capability::{Rpc as RpcCapability, Type as CapabilityType};
@@ -23,6 +24,7 @@ use crate::csi::v1::*;
 use crate::driver::Driver;
 use crate::error::Result;
 use crate::os::loopdev::{self, LoopDevice};
+use crate::os::superblock;
 use crate::validate;
 
 /// Serves the CSI Node service.
@@ -53,6 +55,25 @@ async fn devices_of(driver: &Driver, backing: &Path) -> Result<Vec<LoopDevice>> 
     let backing = backing.to_owned();
     driver
         .blocking(move || loopdev::find_by_backing_file(&backing))
+        .await
+}
+
+/// Whether the filesystem on `device` is clearly smaller than the device. A few MiB of
+/// slack cover the tail that a grown filesystem may leave unused (ext4 drops a last block
+/// group too small for its metadata).
+pub(super) async fn smaller_than_device(
+    driver: &Arc<Driver>,
+    device: &LoopDevice,
+    fs: FsType,
+) -> Result<bool> {
+    const SLACK: u64 = 4 << 20;
+    let device = device.clone();
+    driver
+        .blocking(move || {
+            let device_bytes = device.size_bytes()?;
+            let fs_bytes = superblock::filesystem_bytes(&device.path, fs)?;
+            Ok(fs_bytes.saturating_add(SLACK) < device_bytes)
+        })
         .await
 }
 

@@ -27,7 +27,7 @@ use crate::ids::VolumeId;
 use crate::os::loopdev::{self, LoopDevice};
 use crate::os::mount::{self, MountEntry};
 use crate::os::tools::{self, Content};
-use crate::os::{grow, paths, statfs, superblock};
+use crate::os::{grow, paths, statfs};
 use crate::store::{StageRecord, StagedAccess};
 use crate::validate::{self, Access};
 
@@ -160,7 +160,7 @@ async fn stage_steps(
     // expanded while not staged) is grown: ext4 offline before the mount, which needs no
     // CAP_SYS_RESOURCE; XFS and btrfs online after it, the only way they grow.
     let mut grow_after_mount =
-        existed && !read_only && smaller_than_device(driver, &device, fs_type).await?;
+        existed && !read_only && super::smaller_than_device(driver, &device, fs_type).await?;
     if grow_after_mount && fs_type == FsType::Ext4 {
         grow::grow_ext4_offline(&device.path, driver.config.tool_timeout).await?;
         grow_after_mount = false;
@@ -219,25 +219,6 @@ async fn stage_steps(
         );
     }
     Ok(())
-}
-
-/// Whether the filesystem on `device` is clearly smaller than the device. A few MiB of
-/// slack cover the tail that a grown filesystem may leave unused (ext4 drops a last block
-/// group too small for its metadata).
-async fn smaller_than_device(
-    driver: &Arc<Driver>,
-    device: &LoopDevice,
-    fs: FsType,
-) -> Result<bool> {
-    const SLACK: u64 = 4 << 20;
-    let device = device.clone();
-    driver
-        .blocking(move || {
-            let device_bytes = device.size_bytes()?;
-            let fs_bytes = superblock::filesystem_bytes(&device.path, fs)?;
-            Ok(fs_bytes.saturating_add(SLACK) < device_bytes)
-        })
-        .await
 }
 
 /// Makes sure the device holds a filesystem of type `fs_type`, formatting it only when it

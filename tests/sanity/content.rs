@@ -2,9 +2,11 @@
 //!
 //! Contents are a deterministic pseudo-random stream from a seed, so a check needs only the
 //! seed, not a copy of the data. Files go through the mounted filesystem; block data goes
-//! straight to the published device node at fixed offsets. Everything is fsynced before the
-//! writer returns, because the tests then tear the volume down, sometimes behind the
-//! driver's back.
+//! straight to the published device node at fixed offsets. Everything but `write_unsynced`
+//! is fsynced before the writer returns, because the tests then tear the volume down,
+//! sometimes behind the driver's back. Besides the small file tree there are big files (for
+//! the space accounting of snapshots), files left unsynced on purpose (for the freeze around
+//! a snapshot) and a byte-for-byte comparison of two image files.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{Read, Write};
@@ -61,6 +63,92 @@ pub fn verify_files(dir: &Path, seed: u64) {
             path.display(),
             got.len()
         );
+    }
+}
+
+/// Piece size of `write_big_file`: each piece has its own seed, so pieces cannot be mixed up.
+const BIG_PIECE: usize = 4 << 20;
+
+/// Writes a file of `len` bytes (a multiple of 4 MiB) at `path` and fsyncs it.
+pub fn write_big_file(path: &Path, seed: u64, len: usize) {
+    let mut f = File::create(path).unwrap_or_else(|e| panic!("create {}: {e}", path.display()));
+    for i in 0..len / BIG_PIECE {
+        f.write_all(&pattern(seed * 10_000 + i as u64, BIG_PIECE))
+            .unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
+    }
+    f.sync_all()
+        .unwrap_or_else(|e| panic!("fsync {}: {e}", path.display()));
+}
+
+/// Asserts the file `write_big_file(path, seed, len)` made is there, unchanged.
+pub fn verify_big_file(path: &Path, seed: u64, len: usize) {
+    let mut f = File::open(path).unwrap_or_else(|e| panic!("open {}: {e}", path.display()));
+    let got_len = f.metadata().expect("stat").len();
+    assert_eq!(
+        got_len,
+        len as u64,
+        "{} has the wrong length",
+        path.display()
+    );
+    let mut buf = vec![0u8; BIG_PIECE];
+    for i in 0..len / BIG_PIECE {
+        f.read_exact(&mut buf)
+            .unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
+        assert!(
+            buf == pattern(seed * 10_000 + i as u64, BIG_PIECE),
+            "{}: piece {i} (at {} MiB) changed",
+            path.display(),
+            i * 4
+        );
+    }
+}
+
+/// Writes `len` bytes of the seed's pattern to `path` without any fsync: the data sits in
+/// the page cache of the volume's filesystem until writeback (or a freeze) flushes it.
+pub fn write_unsynced(path: &Path, seed: u64, len: usize) {
+    fs::write(path, pattern(seed, len)).unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
+}
+
+/// Asserts `path` holds exactly `len` bytes of the seed's pattern.
+pub fn verify_file(path: &Path, seed: u64, len: usize) {
+    let got = fs::read(path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
+    assert!(
+        got.len() == len && got == pattern(seed, len),
+        "{} changed: {} bytes, expected {len} bytes of the seed {seed} pattern",
+        path.display(),
+        got.len()
+    );
+}
+
+/// Asserts two files have the same bytes (compared piece by piece, for large images).
+pub fn assert_same_bytes(a: &Path, b: &Path) {
+    let open = |p: &Path| File::open(p).unwrap_or_else(|e| panic!("open {}: {e}", p.display()));
+    let (mut fa, mut fb) = (open(a), open(b));
+    let (la, lb) = (
+        fa.metadata().expect("stat").len(),
+        fb.metadata().expect("stat").len(),
+    );
+    assert_eq!(
+        la,
+        lb,
+        "{} and {} differ in length",
+        a.display(),
+        b.display()
+    );
+    let mut ba = vec![0u8; 1 << 20];
+    let mut bb = vec![0u8; 1 << 20];
+    let mut offset = 0u64;
+    while offset < la {
+        let n = usize::try_from((la - offset).min(1 << 20)).expect("fits");
+        fa.read_exact(&mut ba[..n]).expect("read");
+        fb.read_exact(&mut bb[..n]).expect("read");
+        assert!(
+            ba[..n] == bb[..n],
+            "{} and {} differ in the MiB at {offset}",
+            a.display(),
+            b.display()
+        );
+        offset += n as u64;
     }
 }
 

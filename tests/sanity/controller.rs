@@ -1,4 +1,5 @@
-//! Controller service, per volume: ControllerGetCapabilities, ValidateVolumeCapabilities,
+//! Controller service, per volume: ControllerGetCapabilities (the volume, snapshot, clone
+//! and expansion RPCs), ValidateVolumeCapabilities,
 //! ControllerPublishVolume, ControllerUnpublishVolume, ControllerGetVolume.
 
 use std::collections::BTreeSet;
@@ -47,6 +48,11 @@ async fn controller_capabilities_are_the_documented_set() {
         RpcType::VolumeCondition,
         RpcType::GetVolume,
         RpcType::SingleNodeMultiWriter,
+        RpcType::CreateDeleteSnapshot,
+        RpcType::ListSnapshots,
+        RpcType::GetSnapshot,
+        RpcType::CloneVolume,
+        RpcType::ExpandVolume,
     ]
     .into_iter()
     .collect();

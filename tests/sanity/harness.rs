@@ -15,6 +15,14 @@
 //! and prints the driver log when the test failed. A `Driver` dropped without `finish` while
 //! the test is not already failing fails the test, so no test can forget the leak check.
 //!
+//! # Pools on a filesystem of the test's choice
+//! With [`Options::pool_fs`] the pool is not a plain directory in `/tmp` but the mount point
+//! of a filesystem the harness makes (`pool-fs.img` in the temp dir, `mkfs`, `mount -o
+//! loop`), so tests can tell reflinks from copies. That mount and its loop device are the
+//! harness's: the leak check ignores them, `finish` unmounts the pool after the driver
+//! stopped (failing the test if the pool is still busy) and `Drop` releases it after the
+//! cleanup of last resort.
+//!
 //! The mount table and loop device inspection it relies on live in `host`.
 
 use std::collections::BTreeMap;
@@ -28,15 +36,18 @@ use ferrovol::csi::v1::controller_client::ControllerClient;
 use ferrovol::csi::v1::identity_client::IdentityClient;
 use ferrovol::csi::v1::node_client::NodeClient;
 use ferrovol::csi::v1::{
-    CreateVolumeRequest, DeleteVolumeRequest, NodePublishVolumeRequest, NodeStageVolumeRequest,
-    NodeUnpublishVolumeRequest, NodeUnstageVolumeRequest, Volume, VolumeCapability,
+    ControllerExpandVolumeRequest, ControllerExpandVolumeResponse, CreateSnapshotRequest,
+    CreateVolumeRequest, DeleteSnapshotRequest, DeleteVolumeRequest, NodeExpandVolumeRequest,
+    NodeExpandVolumeResponse, NodePublishVolumeRequest, NodeStageVolumeRequest,
+    NodeUnpublishVolumeRequest, NodeUnstageVolumeRequest, Snapshot, Volume, VolumeCapability,
 };
 use tonic::transport::{Channel, Endpoint};
 
 use crate::host::{
-    cleanup_last_resort, loop_devices, loops_backed_under, mounts_under, LoopDevice,
+    cleanup_last_resort, loop_devices, loops_backed_under, make_pool_fs, mounts_under,
+    release_pool_fs, LoopDevice, PoolFs,
 };
-use crate::requests::{create_request, ok};
+use crate::requests::{create_request, ok, range, snapshot_request};
 
 /// How long a driver may take to create its socket and answer.
 const START_TIMEOUT: Duration = Duration::from_secs(10);
@@ -70,6 +81,8 @@ pub struct Options {
     pub default_fs_type: Option<String>,
     /// Serve on `tcp://127.0.0.1:<free port>` instead of the unix socket.
     pub tcp: bool,
+    /// Put the pool on a filesystem the harness makes, instead of a directory in `/tmp`.
+    pub pool_fs: Option<PoolFs>,
 }
 
 impl Default for Options {
@@ -81,6 +94,7 @@ impl Default for Options {
             log_format: None,
             default_fs_type: None,
             tcp: false,
+            pool_fs: None,
         }
     }
 }
@@ -94,6 +108,8 @@ pub struct Driver {
     pub root: PathBuf,
     /// `--pool-dir`: backing files `<volume_id>.img` live here.
     pub pool: PathBuf,
+    /// The image file of the harness-made pool filesystem, while it is mounted on `pool`.
+    pool_image: Option<PathBuf>,
     /// `--state-dir`: the driver's metadata.
     pub state: PathBuf,
     /// The unix socket path (also created for tcp drivers, but unused then).
@@ -138,6 +154,11 @@ impl Driver {
         for d in [&pool, &state, &root.join("staging"), &root.join("targets")] {
             fs::create_dir_all(d).expect("create a test directory");
         }
+        let pool_image = opts.pool_fs.map(|kind| {
+            let image = root.join("pool-fs.img");
+            make_pool_fs(&image, &pool, kind);
+            image
+        });
         let socket = root.join("csi.sock");
         let endpoint = if opts.tcp {
             format!("tcp://127.0.0.1:{}", free_tcp_port())
@@ -149,6 +170,7 @@ impl Driver {
             log: root.join("driver.log"),
             root,
             pool,
+            pool_image,
             state,
             socket,
             opts,
@@ -296,6 +318,7 @@ impl Driver {
     pub async fn finish(mut self) {
         self.assert_no_leaks();
         if self.child.is_none() {
+            self.release_pool();
             self.finished = true;
             return;
         }
@@ -312,7 +335,25 @@ impl Driver {
                 self.socket.display()
             );
         }
+        self.release_pool();
         self.finished = true;
+    }
+
+    /// Unmounts the harness-made pool filesystem (not lazily: a pool still busy after the
+    /// driver stopped fails the test) and detaches its loop device.
+    fn release_pool(&mut self) {
+        if let Some(image) = self.pool_image.take() {
+            let problems = release_pool_fs(&self.pool, &image, false);
+            assert!(
+                problems.is_empty(),
+                "could not release the pool filesystem: {problems:?}"
+            );
+        }
+    }
+
+    /// The harness's own pool mount, which the leak check and the cleanup leave alone.
+    fn harness_pool_mount(&self) -> Option<&Path> {
+        self.pool_image.as_ref().map(|_| self.pool.as_path())
     }
 
     /// Fails the test if any mount below the temp dir or any loop device backed by a file in
@@ -320,6 +361,7 @@ impl Driver {
     pub fn assert_no_leaks(&self) {
         let mounts: Vec<String> = mounts_under(&self.root)
             .into_iter()
+            .filter(|m| Some(m.mount_point.as_path()) != self.harness_pool_mount())
             .map(|m| {
                 format!(
                     "{} ({} on {})",
@@ -435,6 +477,92 @@ impl Driver {
         );
     }
 
+    /// The file of a snapshot in the pool.
+    pub fn snapshot_file(&self, snapshot_id: &str) -> PathBuf {
+        self.pool
+            .join("snapshots")
+            .join(format!("{snapshot_id}.img"))
+    }
+
+    /// CreateSnapshot that must succeed.
+    pub async fn snapshot(&self, name: &str, source_volume_id: &str) -> Snapshot {
+        self.snapshot_with(snapshot_request(name, source_volume_id))
+            .await
+    }
+
+    /// CreateSnapshot with a full request that must succeed.
+    pub async fn snapshot_with(&self, req: CreateSnapshotRequest) -> Snapshot {
+        let what = format!("CreateSnapshot {} of {}", req.name, req.source_volume_id);
+        ok(self.controller().create_snapshot(req).await, &what)
+            .snapshot
+            .expect("CreateSnapshot response carries a snapshot")
+    }
+
+    /// DeleteSnapshot that must succeed.
+    pub async fn delete_snapshot(&self, snapshot_id: &str) {
+        ok(
+            self.controller()
+                .delete_snapshot(DeleteSnapshotRequest {
+                    snapshot_id: snapshot_id.to_owned(),
+                    ..Default::default()
+                })
+                .await,
+            &format!("DeleteSnapshot {snapshot_id}"),
+        );
+    }
+
+    /// ControllerExpandVolume to at least `required_bytes` that must succeed.
+    pub async fn expand(
+        &self,
+        volume_id: &str,
+        required_bytes: i64,
+    ) -> ControllerExpandVolumeResponse {
+        ok(
+            self.controller()
+                .controller_expand_volume(ControllerExpandVolumeRequest {
+                    volume_id: volume_id.to_owned(),
+                    capacity_range: range(required_bytes, 0),
+                    ..Default::default()
+                })
+                .await,
+            &format!("ControllerExpandVolume {volume_id} to {required_bytes}"),
+        )
+    }
+
+    /// A NodeExpandVolume request as the kubelet sends it: the published `volume_path`, the
+    /// volume's staging path, its capability and the new size.
+    pub fn node_expand_request(
+        &self,
+        volume_id: &str,
+        volume_path: &Path,
+        cap: &VolumeCapability,
+        required_bytes: i64,
+    ) -> NodeExpandVolumeRequest {
+        NodeExpandVolumeRequest {
+            volume_id: volume_id.to_owned(),
+            volume_path: volume_path.display().to_string(),
+            capacity_range: range(required_bytes, 0),
+            staging_target_path: self.staging_path(volume_id).display().to_string(),
+            volume_capability: Some(cap.clone()),
+            ..Default::default()
+        }
+    }
+
+    /// NodeExpandVolume that must succeed.
+    pub async fn node_expand(
+        &self,
+        volume_id: &str,
+        volume_path: &Path,
+        cap: &VolumeCapability,
+        required_bytes: i64,
+    ) -> NodeExpandVolumeResponse {
+        let req = self.node_expand_request(volume_id, volume_path, cap, required_bytes);
+        ok(
+            self.node().node_expand_volume(req).await,
+            &format!("NodeExpandVolume {volume_id} {}", volume_path.display()),
+        )
+    }
+
     /// A NodeStageVolume request for the volume's staging dir (the dir is created).
     pub fn stage_request(&self, volume_id: &str, cap: &VolumeCapability) -> NodeStageVolumeRequest {
         let staging = self.staging_path(volume_id);
@@ -524,7 +652,10 @@ impl Drop for Driver {
             let _ = child.kill();
             let _ = child.wait();
         }
-        let leftovers = cleanup_last_resort(&self.root, &self.pool);
+        let mut leftovers = cleanup_last_resort(&self.root, &self.pool, self.harness_pool_mount());
+        if let Some(image) = self.pool_image.take() {
+            leftovers.extend(release_pool_fs(&self.pool, &image, true));
+        }
         if std::thread::panicking() {
             eprintln!("{}", self.log_text());
             if !leftovers.is_empty() {

@@ -1,10 +1,16 @@
 //! What the host kernel shows and the few changes tests make behind the driver's back.
 //!
-//! Reads `/proc/self/mountinfo`, `/sys/block/loop*/loop/backing_file`, `/sys/block/loop*/dev`
-//! and `statvfs(3)`; changes things only with `umount2(MNT_DETACH)` and `losetup -d`, for the
-//! tests that simulate a reboot or a detached device and for the cleanup of last resort.
+//! Reads `/proc/self/mountinfo`, `/sys/block/loop*/loop/backing_file`, `/sys/block/loop*/dev`,
+//! `statvfs(3)` and `stat(2)` block counts; changes things only with `umount2(MNT_DETACH)` and
+//! `losetup -d`, for the tests that simulate a reboot or a detached device and for the cleanup
+//! of last resort.
+//!
+//! The one thing the harness itself builds with host tools is a pool on a filesystem of the
+//! test's choice ([`PoolFs`]): `mkfs.xfs`/`mkfs.ext4` on an image file in the temp dir and
+//! `mount -o loop`, undone by [`release_pool_fs`]. That mount and its loop device belong to
+//! the harness, not to the driver, and the leak check leaves them out.
 
-use std::fs;
+use std::fs::{self, File};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -204,12 +210,181 @@ pub fn fs_free_bytes(path: &Path) -> u64 {
     free
 }
 
-/// Unmounts everything below `root` and detaches loop devices backed by files below `pool`;
-/// returns what it had to remove.
-pub fn cleanup_last_resort(root: &Path, pool: &Path) -> Vec<String> {
+/// Size of the filesystem holding `path` (`f_blocks * f_frsize`).
+pub fn fs_total_bytes(path: &Path) -> u64 {
+    let st = nix::sys::statvfs::statvfs(path)
+        .unwrap_or_else(|e| panic!("statvfs {}: {e}", path.display()));
+    #[allow(clippy::unnecessary_cast)]
+    let total = st.blocks() as u64 * st.fragment_size() as u64;
+    total
+}
+
+/// Bytes an unprivileged writer may still use on the filesystem holding `path`
+/// (`f_bavail * f_frsize`).
+pub fn fs_available_bytes(path: &Path) -> u64 {
+    let st = nix::sys::statvfs::statvfs(path)
+        .unwrap_or_else(|e| panic!("statvfs {}: {e}", path.display()));
+    #[allow(clippy::unnecessary_cast)]
+    let avail = st.blocks_available() as u64 * st.fragment_size() as u64;
+    avail
+}
+
+/// Bytes the filesystem allocated to a file (`st_blocks * 512`): less than its length when
+/// it has holes.
+pub fn allocated_bytes(path: &Path) -> u64 {
+    fs::metadata(path)
+        .unwrap_or_else(|e| panic!("stat {}: {e}", path.display()))
+        .blocks()
+        * 512
+}
+
+/// Writes back everything dirty on the filesystem holding `path` (`sync -f`), so that free
+/// space and block counts read afterwards are settled.
+pub fn sync_fs(path: &Path) {
+    let out = Command::new("sync")
+        .arg("-f")
+        .arg(path)
+        .output()
+        .expect("run sync -f");
+    assert!(
+        out.status.success(),
+        "sync -f {}: {}",
+        path.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// `CAP_SYS_RESOURCE`, the capability the kernel asks for before it grows a mounted ext4.
+pub const CAP_SYS_RESOURCE: u32 = 24;
+
+/// True when this process has capability `cap` in its effective set (`CapEff` in
+/// `/proc/self/status`). The driver the harness starts runs with the same set.
+pub fn has_effective_cap(cap: u32) -> bool {
+    let status = fs::read_to_string("/proc/self/status").expect("read /proc/self/status");
+    let hex = status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .expect("CapEff in /proc/self/status")
+        .trim();
+    let mask = u64::from_str_radix(hex, 16).expect("CapEff is hex");
+    mask >> cap & 1 == 1
+}
+
+/// A filesystem the harness makes for the pool (see `harness::Options::pool_fs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PoolFs {
+    /// XFS made with `-m reflink=1`: the driver must share extents (FICLONE).
+    XfsReflink,
+    /// ext4: no reflinks, so the driver must fall back to a sparse-aware copy.
+    Ext4,
+}
+
+/// Size of the (sparse) image file that holds a harness-made pool filesystem.
+const POOL_FS_BYTES: u64 = 1 << 30;
+
+/// Runs a host tool the harness needs, panicking with its stderr when it fails.
+fn run_tool(program: &str, args: &[&std::ffi::OsStr]) {
+    let out = Command::new(program)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("run {program}: {e}"));
+    assert!(
+        out.status.success(),
+        "{program} {args:?} failed with {}: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Makes a `kind` filesystem in a new sparse image file `image` and mounts it on
+/// `mount_point` with `mount -o loop`.
+pub fn make_pool_fs(image: &Path, mount_point: &Path, kind: PoolFs) {
+    File::create(image)
+        .and_then(|f| f.set_len(POOL_FS_BYTES))
+        .unwrap_or_else(|e| panic!("create the pool image {}: {e}", image.display()));
+    match kind {
+        PoolFs::XfsReflink => run_tool(
+            "mkfs.xfs",
+            &[
+                "-q".as_ref(),
+                "-m".as_ref(),
+                "reflink=1".as_ref(),
+                image.as_os_str(),
+            ],
+        ),
+        PoolFs::Ext4 => run_tool(
+            "mkfs.ext4",
+            &["-q".as_ref(), "-F".as_ref(), image.as_os_str()],
+        ),
+    }
+    run_tool(
+        "mount",
+        &[
+            "-o".as_ref(),
+            "loop".as_ref(),
+            image.as_os_str(),
+            mount_point.as_os_str(),
+        ],
+    );
+}
+
+/// Unmounts a pool made by [`make_pool_fs`] and detaches its loop device. With `lazy` the
+/// unmount is `MNT_DETACH` and cannot fail; without it a busy pool is retried for a few
+/// seconds (the driver may just have exited). Returns what could not be undone.
+pub fn release_pool_fs(mount_point: &Path, image: &Path, lazy: bool) -> Vec<String> {
+    let mut problems = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while mount_at(mount_point).is_some() {
+        let flags = if lazy {
+            nix::mount::MntFlags::MNT_DETACH
+        } else {
+            nix::mount::MntFlags::empty()
+        };
+        match nix::mount::umount2(mount_point, flags) {
+            Ok(()) => {}
+            Err(nix::errno::Errno::EBUSY) if Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            Err(e) => {
+                problems.push(format!("umount {}: {e}", mount_point.display()));
+                break;
+            }
+        }
+    }
+    let backed_by_image = || {
+        loop_devices()
+            .into_iter()
+            .filter(|l| Path::new(l.backing_file.trim_end_matches(" (deleted)")) == image)
+            .collect::<Vec<_>>()
+    };
+    for l in backed_by_image() {
+        // `mount -o loop` sets autoclear, so this is usually done already.
+        let _ = Command::new("losetup").arg("-d").arg(&l.device).output();
+    }
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !backed_by_image().is_empty() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    for l in backed_by_image() {
+        problems.push(format!(
+            "pool loop device {} -> {} still attached",
+            l.device.display(),
+            l.backing_file
+        ));
+    }
+    problems
+}
+
+/// Unmounts everything below `root` except the mount at `keep` (the harness's own pool
+/// filesystem, released afterwards) and detaches loop devices backed by files below
+/// `pool`; returns what it had to remove.
+pub fn cleanup_last_resort(root: &Path, pool: &Path, keep: Option<&Path>) -> Vec<String> {
     let mut removed = Vec::new();
     for _ in 0..8 {
-        let mut found = mounts_under(root);
+        let mut found: Vec<MountEntry> = mounts_under(root)
+            .into_iter()
+            .filter(|m| Some(m.mount_point.as_path()) != keep)
+            .collect();
         if found.is_empty() {
             break;
         }

@@ -1,9 +1,11 @@
-//! Identity service: GetPluginInfo, GetPluginCapabilities, Probe.
+//! Identity service: GetPluginInfo, GetPluginCapabilities (services and online volume
+//! expansion), Probe.
 
 use std::fs;
 
 use ferrovol::csi::v1::plugin_capability::service::Type as ServiceType;
-use ferrovol::csi::v1::plugin_capability::{Service, Type as CapType};
+use ferrovol::csi::v1::plugin_capability::volume_expansion::Type as ExpansionType;
+use ferrovol::csi::v1::plugin_capability::{Service, Type as CapType, VolumeExpansion};
 use ferrovol::csi::v1::{GetPluginCapabilitiesRequest, GetPluginInfoRequest, ProbeRequest};
 
 use crate::harness::{Driver, Options};
@@ -37,7 +39,7 @@ async fn plugin_info_reports_configured_driver_name() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn plugin_capabilities_are_controller_and_topology() {
+async fn plugin_capabilities_are_controller_topology_and_online_expansion() {
     let d = Driver::start().await;
     let resp = ok(
         d.identity()
@@ -61,6 +63,22 @@ async fn plugin_capabilities_are_controller_and_topology() {
             ServiceType::VolumeAccessibilityConstraints
         ],
         "plugin capabilities: {:?}",
+        resp.capabilities
+    );
+    let expansion: Vec<ExpansionType> = resp
+        .capabilities
+        .iter()
+        .filter_map(|c| match c.r#type {
+            Some(CapType::VolumeExpansion(VolumeExpansion { r#type })) => {
+                ExpansionType::try_from(r#type).ok()
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        expansion,
+        vec![ExpansionType::Online],
+        "volume expansion capability: {:?}",
         resp.capabilities
     );
     d.finish().await;

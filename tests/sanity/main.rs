@@ -8,8 +8,9 @@
 //! Run with `cargo test --test sanity` (as root).
 //!
 //! Support: `harness` (the driver process and its temp dir, CSI call shortcuts, the leak
-//! check), `host` (mountinfo, loop devices, changes behind the driver's back), `requests`
-//! (request builders, code assertions), `content` (test data written and verified).
+//! check, pools on a filesystem the test makes), `host` (mountinfo, loop devices, space and
+//! block counts, changes behind the driver's back), `requests` (request builders, code
+//! assertions), `content` (test data written and verified).
 //!
 //! Tests: `identity` (GetPluginInfo, GetPluginCapabilities, Probe), `create` (CreateVolume,
 //! DeleteVolume), `listing` (ListVolumes, GetCapacity), `controller` (capabilities,
@@ -17,7 +18,12 @@
 //! (NodeGetInfo, capabilities, bad input, stats errors, volume condition), `lifecycle`
 //! (stage/publish/unpublish/unstage with real loop devices and mounts), `data` (data
 //! survives the lifecycle and teardowns behind the driver's back; no reformatting),
-//! `restart` (SIGKILL and restart), `socket` (endpoint handling, shutdown, logs).
+//! `restart` (SIGKILL and restart), `socket` (endpoint handling, shutdown, logs),
+//! `snapshot` (CreateSnapshot, DeleteSnapshot, GetSnapshot, ListSnapshots), `restore`
+//! (CreateVolume from a snapshot or a volume; snapshots outlive their source), `snapshot_data` (snapshots and clones of published volumes hold
+//! the data of their moment, restored into grown filesystems), `expand`
+//! (ControllerExpandVolume, NodeExpandVolume, online growth of ext4, xfs and block volumes),
+//! `pool` (reflinks on an XFS pool, sparse copies on an ext4 pool).
 
 mod content;
 mod harness;
@@ -27,10 +33,15 @@ mod requests;
 mod controller;
 mod create;
 mod data;
+mod expand;
 mod identity;
 mod lifecycle;
 mod listing;
 mod node;
+mod pool;
 mod restart;
+mod restore;
 mod reuse;
+mod snapshot;
+mod snapshot_data;
 mod socket;

@@ -108,6 +108,7 @@ async fn node_capabilities_are_the_documented_set() {
         vec![
             RpcType::StageUnstageVolume,
             RpcType::GetVolumeStats,
+            RpcType::ExpandVolume,
             RpcType::VolumeCondition,
             RpcType::SingleNodeMultiWriter,
         ],

@@ -10,7 +10,11 @@ use std::fmt::Debug;
 
 use ferrovol::csi::v1::volume_capability::access_mode::Mode;
 use ferrovol::csi::v1::volume_capability::{AccessMode, AccessType, BlockVolume, MountVolume};
-use ferrovol::csi::v1::{CapacityRange, CreateVolumeRequest, Topology, VolumeCapability};
+use ferrovol::csi::v1::volume_content_source::{SnapshotSource, Type as SourceType, VolumeSource};
+use ferrovol::csi::v1::{
+    CapacityRange, CreateSnapshotRequest, CreateVolumeRequest, Topology, VolumeCapability,
+    VolumeContentSource,
+};
 use tonic::{Code, Response, Status};
 
 /// The driver's default name.
@@ -112,6 +116,62 @@ pub const MALFORMED_VOLUME_ID: &str = "not-a-ferrovol-volume";
 
 /// A well-formed volume id that no test creates.
 pub const UNKNOWN_VOLUME_ID: &str = "fv-0123456789abcdef0123456789abcdef";
+
+/// True when `id` has the driver's snapshot id form: `fvs-` and 32 lowercase hex digits.
+pub fn is_snapshot_id(id: &str) -> bool {
+    id.strip_prefix("fvs-").is_some_and(|hex| {
+        hex.len() == 32
+            && hex
+                .chars()
+                .all(|c| c.is_ascii_digit() || ('a'..='f').contains(&c))
+    })
+}
+
+/// A snapshot id that is not of the driver's form.
+pub const MALFORMED_SNAPSHOT_ID: &str = "not-a-ferrovol-snapshot";
+
+/// A well-formed snapshot id that no test creates.
+pub const UNKNOWN_SNAPSHOT_ID: &str = "fvs-fedcba9876543210fedcba9876543210";
+
+/// A CreateSnapshot request for snapshot `name` of `source_volume_id`.
+pub fn snapshot_request(name: &str, source_volume_id: &str) -> CreateSnapshotRequest {
+    CreateSnapshotRequest {
+        name: name.to_owned(),
+        source_volume_id: source_volume_id.to_owned(),
+        ..Default::default()
+    }
+}
+
+/// A volume content source naming a snapshot (CreateVolume restores it).
+pub fn from_snapshot(snapshot_id: &str) -> Option<VolumeContentSource> {
+    Some(VolumeContentSource {
+        r#type: Some(SourceType::Snapshot(SnapshotSource {
+            snapshot_id: snapshot_id.to_owned(),
+        })),
+    })
+}
+
+/// A volume content source naming a volume (CreateVolume clones it).
+pub fn from_volume(volume_id: &str) -> Option<VolumeContentSource> {
+    Some(VolumeContentSource {
+        r#type: Some(SourceType::Volume(VolumeSource {
+            volume_id: volume_id.to_owned(),
+        })),
+    })
+}
+
+/// A CreateVolume request for at least `required_bytes` with the given content source.
+pub fn create_from(
+    name: &str,
+    required_bytes: i64,
+    cap: VolumeCapability,
+    source: Option<VolumeContentSource>,
+) -> CreateVolumeRequest {
+    CreateVolumeRequest {
+        volume_content_source: source,
+        ..create_request(name, required_bytes, vec![cap])
+    }
+}
 
 /// Unwraps an OK response; on error panics naming the call, code and message.
 #[track_caller]

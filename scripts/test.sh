@@ -48,4 +48,10 @@ else
   echo "skipped: ../shared/tools/csi-wire-table not found (outside the team checkout)"
 fi
 echo "== cargo test"
-cargo test --all-targets -- --test-threads "${FERROVOL_TEST_THREADS:-4}"
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+cargo test --all-targets -- --test-threads "${FERROVOL_TEST_THREADS:-4}" 2>&1 | tee "$log"
+# One closing line over every test binary (cargo's own last line belongs to whichever
+# target ran last, often one with no tests).
+awk '/^test result:/ { p += $4; f += $6; i += $8 }
+     END { printf "ferrovol: %d passed, %d failed, %d skipped\n", p, f, i; exit (p == 0 || f > 0) }' "$log"

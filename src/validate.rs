@@ -250,6 +250,20 @@ pub fn volume_size(range: Option<&CapacityRange>, min_bytes: u64) -> Result<u64>
     Ok(size)
 }
 
+/// The page size of a List call: `max_entries` 0 means "all".
+///
+/// # Errors
+/// `InvalidArgument` for a negative value.
+pub fn max_entries(max_entries: i32) -> Result<usize> {
+    match usize::try_from(max_entries) {
+        Ok(0) => Ok(usize::MAX),
+        Ok(n) => Ok(n),
+        Err(_) => Err(Error::InvalidArgument(format!(
+            "max_entries {max_entries} is negative"
+        ))),
+    }
+}
+
 /// Checks an absolute path from a request and returns it; `..` is refused.
 ///
 /// # Errors

@@ -132,17 +132,22 @@ impl LoopBackend {
         Ok(())
     }
 
+    /// Bytes that the storage of `id` may still grow into (0 when it does not exist).
+    fn unallocated_bytes(&self, id: &VolumeId) -> Result<u64> {
+        Ok(match self.status(id)? {
+            StorageStatus::Present {
+                size_bytes,
+                allocated_bytes,
+            } => size_bytes.saturating_sub(allocated_bytes),
+            StorageStatus::Missing => 0,
+        })
+    }
+
     /// Bytes that existing volumes may still grow into.
     fn promised_bytes(&self) -> Result<u64> {
         let mut promised = 0u64;
         for id in self.list()? {
-            if let StorageStatus::Present {
-                size_bytes,
-                allocated_bytes,
-            } = self.status(&id)?
-            {
-                promised = promised.saturating_add(size_bytes.saturating_sub(allocated_bytes));
-            }
+            promised = promised.saturating_add(self.unallocated_bytes(&id)?);
         }
         Ok(promised)
     }
@@ -169,13 +174,7 @@ impl Backend for LoopBackend {
     fn create(&self, id: &VolumeId, size_bytes: u64) -> Result<()> {
         let _allocating = self.allocation.lock().unwrap_or_else(|p| p.into_inner());
         let path = self.backing_file(id);
-        let existing = match self.status(id)? {
-            StorageStatus::Present {
-                size_bytes,
-                allocated_bytes,
-            } => size_bytes.saturating_sub(allocated_bytes),
-            StorageStatus::Missing => 0,
-        };
+        let existing = self.unallocated_bytes(id)?;
         let capacity = self.capacity()?;
         let available = capacity.available_bytes.saturating_add(existing);
         if size_bytes > available {
@@ -264,13 +263,7 @@ impl Backend for LoopBackend {
         // The copy may grow into its whole size; what it shares with the source is
         // already allocated (reflink) or will be copied (sparse copy).
         let dst = self.backing_file(id);
-        let existing = match self.status(id)? {
-            StorageStatus::Present {
-                size_bytes,
-                allocated_bytes,
-            } => size_bytes.saturating_sub(allocated_bytes),
-            StorageStatus::Missing => 0,
-        };
+        let existing = self.unallocated_bytes(id)?;
         let needed = size_bytes.saturating_sub(existing);
         self.ensure_room(&format!("volume {id}"), needed)?;
         self.copy_into(&src, &dst, Some(size_bytes))?;

@@ -70,16 +70,7 @@ pub(super) async fn list_volumes(
     driver: &Arc<Driver>,
     req: ListVolumesRequest,
 ) -> Result<ListVolumesResponse> {
-    let max = match usize::try_from(req.max_entries) {
-        Ok(0) => usize::MAX,
-        Ok(n) => n,
-        Err(_) => {
-            return Err(Error::InvalidArgument(format!(
-                "max_entries {} is negative",
-                req.max_entries
-            )));
-        }
-    };
+    let max = validate::max_entries(req.max_entries)?;
     let start = if req.starting_token.is_empty() {
         None
     } else {

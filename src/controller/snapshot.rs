@@ -136,16 +136,7 @@ pub(super) fn list_snapshots(
     driver: &Driver,
     req: ListSnapshotsRequest,
 ) -> Result<ListSnapshotsResponse> {
-    let max = match usize::try_from(req.max_entries) {
-        Ok(0) => usize::MAX,
-        Ok(n) => n,
-        Err(_) => {
-            return Err(Error::InvalidArgument(format!(
-                "max_entries {} is negative",
-                req.max_entries
-            )));
-        }
-    };
+    let max = validate::max_entries(req.max_entries)?;
     let mut records = if req.snapshot_id.is_empty() {
         driver.snapshots.all()
     } else {

@@ -14,7 +14,6 @@ use std::sync::Arc;
 
 use tracing::{info, instrument};
 
-use crate::backend::StorageStatus;
 use crate::config::FsType;
 use crate::csi::v1::{NodeExpandVolumeRequest, NodeExpandVolumeResponse};
 use crate::driver::Driver;
@@ -48,11 +47,7 @@ pub(super) async fn expand(
     let key = id.to_string();
     driver
         .locked(&key, move |d| async move {
-            let backend = Arc::clone(&d.backend);
-            let status_id = id.clone();
-            if d.blocking(move || backend.status(&status_id)).await? == StorageStatus::Missing {
-                return Err(Error::NotFound(format!("volume {id} does not exist")));
-            }
+            super::require_storage(&d, &id).await?;
             let backing = d.backend.source_path(&id);
             let device = devices_of(&d, &backing)
                 .await?

@@ -16,13 +16,15 @@ use std::sync::Arc;
 
 use tonic::{Request, Response, Status};
 
+use crate::backend::StorageStatus;
 use crate::config::FsType;
 use crate::csi::v1::node_server::Node;
 use crate::csi::v1::node_service_capability::rpc::Type as Rpc;
 use crate::csi::v1::node_service_capability::{Rpc as RpcCapability, Type as CapabilityType};
 use crate::csi::v1::*;
 use crate::driver::Driver;
-use crate::error::Result;
+use crate::error::{Error, Result};
+use crate::ids::VolumeId;
 use crate::os::loopdev::{self, LoopDevice};
 use crate::os::superblock;
 use crate::validate;
@@ -49,6 +51,16 @@ const CAPABILITIES: &[Rpc] = &[
     Rpc::SingleNodeMultiWriter,
     Rpc::ExpandVolume,
 ];
+
+/// Fails with NOT_FOUND unless the volume's storage exists.
+async fn require_storage(driver: &Arc<Driver>, id: &VolumeId) -> Result<()> {
+    let backend = Arc::clone(&driver.backend);
+    let status_id = id.clone();
+    match driver.blocking(move || backend.status(&status_id)).await? {
+        StorageStatus::Missing => Err(Error::NotFound(format!("volume {id} does not exist"))),
+        StorageStatus::Present { .. } => Ok(()),
+    }
+}
 
 /// Loop devices attached to a backing file, found on a blocking thread.
 async fn devices_of(driver: &Driver, backing: &Path) -> Result<Vec<LoopDevice>> {

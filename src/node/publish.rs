@@ -10,7 +10,6 @@ use std::sync::Arc;
 use nix::mount::MsFlags;
 use tracing::{info, instrument};
 
-use crate::backend::StorageStatus;
 use crate::csi::v1::volume_capability::access_mode::Mode;
 use crate::csi::v1::{
     NodePublishVolumeRequest, NodePublishVolumeResponse, NodeUnpublishVolumeRequest,
@@ -111,11 +110,7 @@ pub(super) async fn publish(
     let key = id.to_string();
     driver
         .locked(&key, move |d| async move {
-            let backend = Arc::clone(&d.backend);
-            let status_id = id.clone();
-            if d.blocking(move || backend.status(&status_id)).await? == StorageStatus::Missing {
-                return Err(Error::NotFound(format!("volume {id} does not exist")));
-            }
+            super::require_storage(&d, &id).await?;
             let mut record = d.staged.get(id.as_str()).ok_or_else(|| {
                 Error::FailedPrecondition(format!("volume {id} is not staged on this node; stage it first"))
             })?;

@@ -15,7 +15,6 @@ use std::sync::Arc;
 use nix::mount::MsFlags;
 use tracing::{info, instrument, warn};
 
-use crate::backend::StorageStatus;
 use crate::config::FsType;
 use crate::csi::v1::{
     NodeStageVolumeRequest, NodeStageVolumeResponse, NodeUnstageVolumeRequest,
@@ -55,11 +54,7 @@ pub(super) async fn stage(
     let key = id.to_string();
     driver
         .locked(&key, move |d| async move {
-            let backend = Arc::clone(&d.backend);
-            let status_id = id.clone();
-            if d.blocking(move || backend.status(&status_id)).await? == StorageStatus::Missing {
-                return Err(Error::NotFound(format!("volume {id} does not exist")));
-            }
+            super::require_storage(&d, &id).await?;
             let previous = d.staged.get(id.as_str());
             if let Some(p) = &previous {
                 if p.staging_path != staging {

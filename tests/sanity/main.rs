@@ -30,6 +30,7 @@ mod harness;
 mod host;
 mod requests;
 
+mod concurrency;
 mod controller;
 mod create;
 mod data;

@@ -28,9 +28,12 @@ pub struct Driver {
     pub staged: RecordDir<StageRecord>,
     /// One operation per volume at a time.
     pub locks: Arc<OpLocks>,
+    /// Whether this process may grow a mounted ext4 (`CAP_SYS_RESOURCE`), read once at
+    /// start: capabilities do not change while the process runs.
+    pub can_grow_mounted_ext4: bool,
     /// Bounds how much blocking work (ioctls, mounts, fsyncs) runs at once, so one hung
     /// device cannot take every blocking thread.
-    blocking_slots: Semaphore,
+    blocking_slots: Arc<Semaphore>,
 }
 
 impl Driver {
@@ -50,7 +53,10 @@ impl Driver {
             snapshots,
             staged,
             locks: Arc::new(OpLocks::default()),
-            blocking_slots: Semaphore::new(slots),
+            can_grow_mounted_ext4: crate::os::caps::has_effective(
+                crate::os::caps::CAP_SYS_RESOURCE,
+            ),
+            blocking_slots: Arc::new(Semaphore::new(slots)),
         }))
     }
 
@@ -63,15 +69,19 @@ impl Driver {
         F: FnOnce() -> Result<T> + Send + 'static,
         T: Send + 'static,
     {
-        let _slot = self
-            .blocking_slots
-            .acquire()
+        // The slot moves into the job: it is held until the blocking call really returns,
+        // also when the caller gave up and dropped this future.
+        let slot = Arc::clone(&self.blocking_slots)
+            .acquire_owned()
             .await
             .map_err(|_| Error::Internal("blocking job pool closed".into()))?;
         let span = Span::current();
-        tokio::task::spawn_blocking(move || span.in_scope(work))
-            .await
-            .map_err(|e| Error::Internal(format!("blocking job failed: {e}")))?
+        tokio::task::spawn_blocking(move || {
+            let _slot = slot;
+            span.in_scope(work)
+        })
+        .await
+        .map_err(|e| Error::Internal(format!("blocking job failed: {e}")))?
     }
 
     /// Runs an operation on `key` under its lock, in a task of its own.

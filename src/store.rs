@@ -263,6 +263,9 @@ pub struct StageRecord {
     pub staging_path: PathBuf,
     /// Block or mount, and how.
     pub access: StagedAccess,
+    /// Whether it was staged for reading only (SINGLE_NODE_READER_ONLY).
+    #[serde(default)]
+    pub read_only: bool,
     /// Set just before mkfs runs: a device that a crash left half-formatted may be formatted
     /// again although it is not blank.
     #[serde(default)]

@@ -41,6 +41,8 @@ pub struct LoopBackend {
     pool_dir: PathBuf,
     /// Serialises the free-space check with the creation that depends on it.
     allocation: Mutex<()>,
+    /// Whether the pool filesystem shares extents (FICLONE works), probed once at open.
+    reflinks: bool,
 }
 
 impl LoopBackend {
@@ -53,9 +55,11 @@ impl LoopBackend {
             .map_err(|e| Error::io("create pool directory", pool_dir, e))?;
         let pool_dir = fs::canonicalize(pool_dir)
             .map_err(|e| Error::io("resolve pool directory", pool_dir, e))?;
+        let reflinks = clone::supports_reflink(&pool_dir)?;
         Ok(LoopBackend {
             pool_dir,
             allocation: Mutex::new(()),
+            reflinks,
         })
     }
 
@@ -76,7 +80,7 @@ impl LoopBackend {
 
     /// Freezes the filesystem of `backing` if it is mounted on this node, so that a copy
     /// taken while the guard lives is consistent. `None` when it is not mounted.
-    fn freeze_if_mounted(backing: &Path) -> Result<Option<FrozenFs>> {
+    fn freeze_if_mounted(&self, backing: &Path) -> Result<Option<FrozenFs>> {
         let devices = loopdev::find_by_backing_file(backing)?;
         if devices.is_empty() {
             return Ok(None);
@@ -87,14 +91,23 @@ impl LoopBackend {
             .find(|m| devices.iter().any(|d| Path::new(&m.source) == d.path));
         match mounted {
             Some(m) => freeze::freeze_guard(&m.mount_point).map(Some),
-            None => Ok(None),
+            // In use as a raw block device: nothing to freeze. A reflink is atomic against
+            // concurrent writes (crash-consistent); a copy of extents one by one is not.
+            None if self.reflinks => Ok(None),
+            None => Err(Error::FailedPrecondition(format!(
+                "{} is in use as a raw block device on {} and pool {} has no reflinks: a copy taken now \
+                 could be torn; unstage the volume first, or use a pool on XFS (reflink=1) or btrfs",
+                backing.display(),
+                devices[0].path.display(),
+                self.pool_dir.display()
+            ))),
         }
     }
 
     /// Copies `src` to `dst` (reflink or sparse copy), frozen when `src` is mounted, and
     /// sizes the copy to `size_bytes` when that is larger.
     fn copy_into(&self, src: &Path, dst: &Path, size_bytes: Option<u64>) -> Result<()> {
-        let frozen = Self::freeze_if_mounted(src)?;
+        let frozen = self.freeze_if_mounted(src)?;
         let method = clone::clone_file(src, dst);
         if let Some(guard) = frozen {
             guard.thaw()?;
@@ -306,6 +319,15 @@ impl Backend for LoopBackend {
         let dir = self.pool_dir.join(SNAPSHOT_DIR);
         fs::create_dir_all(&dir).map_err(|e| Error::io("create directory", &dir, e))?;
         let dst = self.snapshot_file(snapshot);
+        let _allocating = self.allocation.lock().unwrap_or_else(|p| p.into_inner());
+        if !self.reflinks {
+            // The copy takes as much space as the source holds: it must not eat into what
+            // the pool promised to volumes.
+            self.ensure_room(
+                &format!("snapshot {snapshot}"),
+                statfs::allocated_bytes(&src)?,
+            )?;
+        }
         self.copy_into(&src, &dst, None)?;
         sync_dir(&dir)?;
         fs::metadata(&dst)

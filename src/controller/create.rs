@@ -24,20 +24,8 @@ use crate::ids::{ParsedId, SnapshotId, VolumeId};
 use crate::store::{ContentSource, VolumeRecord};
 use crate::validate;
 
-/// A content source found in the records.
-#[derive(Debug)]
-struct ResolvedSource {
-    /// The record's form of it.
-    record: ContentSource,
-    /// Its size in bytes: the new volume is at least this big.
-    size_bytes: u64,
-}
-
-/// Looks up the snapshot or volume a CreateVolume names as its content source.
-fn resolve_source(
-    driver: &Driver,
-    source: Option<&VolumeContentSource>,
-) -> Result<Option<ResolvedSource>> {
+/// The content source a CreateVolume asks for, with its ids checked (not yet looked up).
+fn requested_source(source: Option<&VolumeContentSource>) -> Result<Option<ContentSource>> {
     let Some(source) = source else {
         return Ok(None);
     };
@@ -47,33 +35,37 @@ fn resolve_source(
                 "volume_content_source.snapshot.snapshot_id",
                 &s.snapshot_id,
             )?;
-            let record = driver
-                .snapshots
-                .get(id.as_str())
-                .ok_or_else(|| Error::NotFound(format!("source snapshot {id} does not exist")))?;
-            Ok(Some(ResolvedSource {
-                record: ContentSource::Snapshot {
-                    snapshot_id: id.to_string(),
-                },
-                size_bytes: record.size_bytes,
+            Ok(Some(ContentSource::Snapshot {
+                snapshot_id: id.to_string(),
             }))
         }
         Some(SourceType::Volume(v)) => {
             let id = VolumeId::parse_ours("volume_content_source.volume.volume_id", &v.volume_id)?;
-            let record = driver
-                .volumes
-                .get(id.as_str())
-                .ok_or_else(|| Error::NotFound(format!("source volume {id} does not exist")))?;
-            Ok(Some(ResolvedSource {
-                record: ContentSource::Volume {
-                    volume_id: id.to_string(),
-                },
-                size_bytes: record.capacity_bytes,
+            Ok(Some(ContentSource::Volume {
+                volume_id: id.to_string(),
             }))
         }
         None => Err(Error::InvalidArgument(
             "volume_content_source names neither a snapshot nor a volume".into(),
         )),
+    }
+}
+
+/// The size of a content source, from its record: a new volume is at least this big.
+fn source_size(driver: &Driver, source: &ContentSource) -> Result<u64> {
+    match source {
+        ContentSource::Snapshot { snapshot_id } => driver
+            .snapshots
+            .get(snapshot_id)
+            .map(|r| r.size_bytes)
+            .ok_or_else(|| {
+                Error::NotFound(format!("source snapshot {snapshot_id} does not exist"))
+            }),
+        ContentSource::Volume { volume_id } => driver
+            .volumes
+            .get(volume_id)
+            .map(|r| r.capacity_bytes)
+            .ok_or_else(|| Error::NotFound(format!("source volume {volume_id} does not exist"))),
     }
 }
 
@@ -110,12 +102,19 @@ pub(super) async fn create_volume(
     validate::name("name", &req.name)?;
     let caps = validate::capabilities("volume_capabilities", &req.volume_capabilities)?;
     validate::parameters(&req.parameters)?;
-    let source = resolve_source(driver, req.volume_content_source.as_ref())?;
+    let source = requested_source(req.volume_content_source.as_ref())?;
+    let id = VolumeId::from_name(&req.name);
+    // A retry of a CreateVolume that already succeeded must find its volume even if the
+    // source is gone by now: look the source up only for a volume still to be made.
+    let source_bytes = match &source {
+        Some(s) if !driver.volumes.contains(id.as_str()) => Some(source_size(driver, s)?),
+        _ => None,
+    };
     let default_fs = driver.config.default_fs_type;
     let min_bytes = caps
         .iter()
         .map(|c| c.min_bytes(default_fs))
-        .chain(source.as_ref().map(|s| s.size_bytes))
+        .chain(source_bytes)
         .max()
         .unwrap_or(validate::MIN_SIZE);
     let size = validate::volume_size(req.capacity_range.as_ref(), min_bytes)?;
@@ -126,7 +125,6 @@ pub(super) async fn create_volume(
             driver.config.node_id
         )));
     }
-    let id = VolumeId::from_name(&req.name);
     let key = id.to_string();
     driver
         .locked(&key, move |d| async move {
@@ -138,7 +136,7 @@ pub(super) async fn create_volume(
                     req.capacity_range.as_ref(),
                     &parameters,
                 )?;
-                let wanted = source.as_ref().map(|s| &s.record);
+                let wanted = source.as_ref();
                 if existing.content_source.as_ref() != wanted {
                     return Err(Error::AlreadyExists(format!(
                         "volume {:?} exists with content source {:?}, not {wanted:?}",
@@ -151,7 +149,7 @@ pub(super) async fn create_volume(
             }
             let backend = Arc::clone(&d.backend);
             let create_id = id.clone();
-            let content_source = source.map(|s| s.record);
+            let content_source = source;
             match content_source.clone() {
                 None => d.blocking(move || backend.create(&create_id, size)).await?,
                 Some(from) => {

@@ -40,13 +40,18 @@ impl IdentityService {
     /// The first problem found.
     pub async fn readiness(&self) -> Result<()> {
         let backend = Arc::clone(&self.driver.backend);
-        self.driver.blocking(move || backend.check()).await?;
-        if self.driver.config.mode != Mode::Controller && !Path::new("/dev/loop-control").exists() {
-            return Err(Error::FailedPrecondition(
-                "/dev/loop-control is missing".into(),
-            ));
-        }
-        Ok(())
+        let needs_loop = self.driver.config.mode != Mode::Controller;
+        self.driver
+            .blocking(move || {
+                backend.check()?;
+                if needs_loop && !Path::new("/dev/loop-control").exists() {
+                    return Err(Error::FailedPrecondition(
+                        "/dev/loop-control is missing".into(),
+                    ));
+                }
+                Ok(())
+            })
+            .await
     }
 }
 

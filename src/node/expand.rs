@@ -19,7 +19,7 @@ use crate::csi::v1::{NodeExpandVolumeRequest, NodeExpandVolumeResponse};
 use crate::driver::Driver;
 use crate::error::{Error, Result};
 use crate::ids::VolumeId;
-use crate::os::{caps, grow, loopdev, mount};
+use crate::os::{grow, loopdev, mount};
 use crate::validate;
 
 use super::devices_of;
@@ -102,7 +102,7 @@ pub(super) async fn expand(
                     )));
                 }
                 let needs_growth = fs != FsType::Ext4 || super::smaller_than_device(&d, &device, fs).await?;
-                if needs_growth && fs == FsType::Ext4 && !caps::has_effective(caps::CAP_SYS_RESOURCE) {
+                if needs_growth && fs == FsType::Ext4 && !d.can_grow_mounted_ext4 {
                     return Err(Error::FailedPrecondition(format!(
                         "growing the mounted ext4 filesystem of volume {id} needs CAP_SYS_RESOURCE, which the driver \
                          lacks; the device has grown to {size} bytes and the filesystem grows when the volume is next staged"

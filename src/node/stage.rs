@@ -63,7 +63,7 @@ pub(super) async fn stage(
                         p.staging_path.display()
                     )));
                 }
-                if p.access != access {
+                if p.access != access || p.read_only != read_only {
                     return Err(Error::AlreadyExists(format!(
                         "volume {id} is already staged at {} with another capability ({:?})",
                         staging.display(),
@@ -75,6 +75,7 @@ pub(super) async fn stage(
                 volume_id: id.to_string(),
                 staging_path: staging.clone(),
                 access,
+                read_only,
                 formatting: false,
                 targets: Default::default(),
             });
@@ -126,7 +127,12 @@ async fn stage_steps(
         Some(device) => device,
         None => {
             let backing = backing.to_owned();
-            let device = driver.blocking(move || loopdev::attach(&backing)).await?;
+            // A block volume staged for reading only gets a device that refuses writes; a
+            // mount volume is protected by its read-only mount (and may need mkfs first).
+            let read_only = read_only && record.access == StagedAccess::Block;
+            let device = driver
+                .blocking(move || loopdev::attach(&backing, read_only))
+                .await?;
             *attached_now = Some(device.clone());
             device
         }
@@ -226,7 +232,13 @@ async fn ensure_filesystem(
     record: &mut StageRecord,
 ) -> Result<bool> {
     let timeout = driver.config.tool_timeout;
-    match tools::probe(&device.path, timeout).await? {
+    let content = tools::probe(&device.path, timeout).await?;
+    // A stage that crashed during mkfs left the `formatting` intent behind: the device
+    // never held anything but that half-made filesystem, so it is formatted again even
+    // if mkfs got as far as writing a signature.
+    let overwrite = record.formatting && matches!(content, Content::Signature(_));
+    let content = if overwrite { Content::Nothing } else { content };
+    match content {
         Content::Signature(found) if found == fs_type.as_str() => Ok(true),
         Content::Signature(found) => Err(Error::FailedPrecondition(format!(
             "volume {} holds a {found} signature but {} was requested; refusing to reformat it",
@@ -250,7 +262,7 @@ async fn ensure_filesystem(
             }
             record.formatting = true;
             put_record(driver, record).await?;
-            tools::mkfs(&device.path, fs_type, timeout).await?;
+            tools::mkfs(&device.path, fs_type, overwrite, timeout).await?;
             record.formatting = false;
             put_record(driver, record).await?;
             info!(fs_type = fs_type.as_str(), device = %device.path.display(), "formatted blank volume");

@@ -30,6 +30,7 @@ use crate::error::{Error, Result};
 
 const LOOP_CONTROL: &str = "/dev/loop-control";
 const LOOP_MAJOR: u64 = 7;
+const LO_FLAGS_READ_ONLY: u32 = 1;
 const LO_FLAGS_DIRECT_IO: u32 = 16;
 const LO_NAME_SIZE: usize = 64;
 const LO_KEY_SIZE: usize = 32;
@@ -197,14 +198,15 @@ fn loop_sys_dirs() -> Result<Vec<(u32, PathBuf)>> {
     Ok(dirs)
 }
 
-/// Attaches `backing` to a free loop device, with direct I/O when the pool allows it.
+/// Attaches `backing` to a free loop device, with direct I/O when the pool allows it;
+/// `read_only` makes the device refuse writes (a read-only bind of a device node does not).
 ///
 /// # Errors
 /// `Io` naming the step (open, get free, configure) that failed.
-pub fn attach(backing: &Path) -> Result<LoopDevice> {
+pub fn attach(backing: &Path, read_only: bool) -> Result<LoopDevice> {
     let file = OpenOptions::new()
         .read(true)
-        .write(true)
+        .write(!read_only)
         .open(backing)
         .map_err(|e| Error::io("open backing file", backing, e))?;
     let control = OpenOptions::new()
@@ -220,12 +222,12 @@ pub fn attach(backing: &Path) -> Result<LoopDevice> {
             .map_err(|_| Error::Internal(format!("LOOP_CTL_GET_FREE returned {number}")))?;
         let device = LoopDevice::new(number, false);
         let dev_file = open_device_node(&device)?;
-        match configure(&dev_file, &file, backing, true) {
+        match configure(&dev_file, &file, backing, true, read_only) {
             Ok(()) => return Ok(device),
             // Someone else took this device between GET_FREE and CONFIGURE: try another.
             Err(Errno::EBUSY) => continue,
             // The pool filesystem cannot do direct I/O for this file: attach buffered.
-            Err(Errno::EINVAL) => match configure(&dev_file, &file, backing, false) {
+            Err(Errno::EINVAL) => match configure(&dev_file, &file, backing, false, read_only) {
                 Ok(()) => return Ok(device),
                 Err(Errno::EBUSY) => continue,
                 Err(e) => return Err(Error::sys("configure loop device for", backing, e)),
@@ -267,6 +269,7 @@ fn configure(
     backing: &File,
     backing_path: &Path,
     direct_io: bool,
+    read_only: bool,
 ) -> Result<(), Errno> {
     let mut info = LoopInfo64 {
         lo_device: 0,
@@ -277,7 +280,8 @@ fn configure(
         lo_number: 0,
         lo_encrypt_type: 0,
         lo_encrypt_key_size: 0,
-        lo_flags: if direct_io { LO_FLAGS_DIRECT_IO } else { 0 },
+        lo_flags: if direct_io { LO_FLAGS_DIRECT_IO } else { 0 }
+            | if read_only { LO_FLAGS_READ_ONLY } else { 0 },
         lo_file_name: [0; LO_NAME_SIZE],
         lo_crypt_name: [0; LO_NAME_SIZE],
         lo_encrypt_key: [0; LO_KEY_SIZE],

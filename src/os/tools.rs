@@ -100,26 +100,30 @@ fn parse_blkid_export(text: &str) -> Content {
 
 /// Creates a filesystem on a device that the caller has found blank.
 ///
-/// Discard is skipped: on a fresh sparse loop file it only costs time.
+/// Discard is skipped: on a fresh sparse loop file it only costs time. Without `overwrite`
+/// the tools' own checks for an existing filesystem stay on as a second guard; the caller
+/// sets it only for a device whose first format a crash interrupted.
 ///
 /// # Errors
 /// As [`run_ok`].
-pub async fn mkfs(device: &Path, fs: FsType, timeout: Duration) -> Result<()> {
+pub async fn mkfs(device: &Path, fs: FsType, overwrite: bool, timeout: Duration) -> Result<()> {
     let dev = device.to_string_lossy();
-    let (program, args): (&str, Vec<&str>) = match fs {
+    let (program, mut args): (&str, Vec<&str>) = match fs {
         FsType::Ext4 => (
             "mkfs.ext4",
             vec![
                 "-q",
-                "-F",
                 "-E",
                 "lazy_itable_init=1,lazy_journal_init=1,nodiscard",
-                dev.as_ref(),
             ],
         ),
-        FsType::Xfs => ("mkfs.xfs", vec!["-q", "-K", dev.as_ref()]),
-        FsType::Btrfs => ("mkfs.btrfs", vec!["-q", "-K", dev.as_ref()]),
+        FsType::Xfs => ("mkfs.xfs", vec!["-q", "-K"]),
+        FsType::Btrfs => ("mkfs.btrfs", vec!["-q", "-K"]),
     };
+    if overwrite {
+        args.push(if fs == FsType::Ext4 { "-F" } else { "-f" });
+    }
+    args.push(dev.as_ref());
     run_ok(program, &args, timeout).await.map(drop)
 }
 

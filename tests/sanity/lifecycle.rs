@@ -427,3 +427,35 @@ async fn node_default_fs_type_flag_applies_to_unspecified_fs_type() {
     d.delete(&id).await;
     d.finish().await;
 }
+
+/// A read-only bind of a device node does not stop writes to the device, so a block
+/// volume staged SINGLE_NODE_READER_ONLY gets a loop device that refuses them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reader_only_block_volume_refuses_writes() {
+    use std::io::Write;
+    let d = Driver::start().await;
+    let cap = block_cap_mode(Mode::SingleNodeReaderOnly);
+    let vol = d.create("pvc-ro-block", 16 * MIB, cap.clone()).await;
+    let id = vol.volume_id;
+    d.stage(&id, &cap).await;
+    let target = d.publish(&id, &cap, "ro-blk", true).await;
+    let err = OpenOptions::new()
+        .write(true)
+        .open(&target)
+        .and_then(|mut f| {
+            f.write_all(&[0x5a; 4096])?;
+            f.sync_all()
+        })
+        .expect_err("write to a read-only block volume");
+    assert!(
+        matches!(
+            err.raw_os_error(),
+            Some(libc::EROFS | libc::EPERM | libc::EACCES)
+        ),
+        "{err}"
+    );
+    d.unpublish(&id, &target).await;
+    d.unstage(&id).await;
+    d.delete(&id).await;
+    d.finish().await;
+}

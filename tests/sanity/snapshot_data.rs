@@ -16,10 +16,11 @@ use ferrovol::csi::v1::VolumeContentSource;
 use crate::content::{
     block_size, verify_block, verify_file, verify_files, write_block, write_files, write_unsynced,
 };
-use crate::harness::Driver;
-use crate::host::fs_total_bytes;
+use crate::harness::{Driver, Options};
+use crate::host::{fs_total_bytes, PoolFs};
 use crate::requests::{
-    block_cap, create_from, from_snapshot, from_volume, mount_cap, MIB, MIN_XFS,
+    block_cap, create_from, expect_code, from_snapshot, from_volume, mount_cap, snapshot_request,
+    MIB, MIN_XFS,
 };
 
 /// Size of the file written without fsync just before the snapshot.
@@ -153,7 +154,13 @@ async fn clone_of_published_xfs_holds_state_at_clone_time() {
 /// size.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn snapshot_and_clone_of_published_block_volume() {
-    let d = Driver::start().await;
+    // A raw block volume in use cannot be frozen; a reflink is atomic against its writes,
+    // so the copy is crash-consistent. That needs a pool with reflinks.
+    let d = Driver::start_with(Options {
+        pool_fs: Some(PoolFs::XfsReflink),
+        ..Options::default()
+    })
+    .await;
     let cap = block_cap();
     let src = d.create("pvc-src-block", 16 * MIB, cap.clone()).await;
     let src_id = src.volume_id.clone();
@@ -200,5 +207,68 @@ async fn snapshot_and_clone_of_published_block_volume() {
         !Path::new(&d.snapshot_file(&snap.snapshot_id)).exists(),
         "snapshot file after delete"
     );
+    d.finish().await;
+}
+
+/// On a pool without reflinks a copy of a raw block volume in use would be taken extent by
+/// extent while the pod writes: it could be torn, so it is refused with a reason. Once the
+/// volume is unstaged nothing writes to it and the copy is exact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_use_block_volume_is_not_copied_on_a_pool_without_reflinks() {
+    let d = Driver::start_with(Options {
+        pool_fs: Some(PoolFs::Ext4),
+        ..Options::default()
+    })
+    .await;
+    let cap = block_cap();
+    let src = d.create("pvc-busy-block", 16 * MIB, cap.clone()).await;
+    let src_id = src.volume_id.clone();
+    d.stage(&src_id, &cap).await;
+    let src_target = d.publish(&src_id, &cap, "src", false).await;
+    write_block(&src_target, 130);
+    expect_code(
+        d.controller()
+            .create_snapshot(snapshot_request("snap-busy-block", &src_id))
+            .await,
+        tonic::Code::FailedPrecondition,
+        "CreateSnapshot of a raw block volume in use on a copy-only pool",
+    );
+    expect_code(
+        d.controller()
+            .create_volume(create_from(
+                "pvc-busy-clone",
+                16 * MIB,
+                cap.clone(),
+                from_volume(&src_id),
+            ))
+            .await,
+        tonic::Code::FailedPrecondition,
+        "clone of a raw block volume in use on a copy-only pool",
+    );
+    let left: Vec<_> = fs::read_dir(d.pool.join("snapshots"))
+        .map(|dir| dir.flatten().map(|e| e.file_name()).collect())
+        .unwrap_or_default();
+    assert!(left.is_empty(), "a refused snapshot left files: {left:?}");
+    d.unpublish(&src_id, &src_target).await;
+    d.unstage(&src_id).await;
+    let snap = d.snapshot("snap-busy-block", &src_id).await;
+    let restored = d
+        .create_with(create_from(
+            "pvc-idle-restore",
+            16 * MIB,
+            cap.clone(),
+            from_snapshot(&snap.snapshot_id),
+        ))
+        .await;
+    d.stage(&restored.volume_id, &cap).await;
+    let target = d
+        .publish(&restored.volume_id, &cap, "restored", false)
+        .await;
+    verify_block(&target, 130);
+    d.unpublish(&restored.volume_id, &target).await;
+    d.unstage(&restored.volume_id).await;
+    d.delete(&restored.volume_id).await;
+    d.delete_snapshot(&snap.snapshot_id).await;
+    d.delete(&src_id).await;
     d.finish().await;
 }

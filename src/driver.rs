@@ -10,6 +10,7 @@ use tracing::{Instrument, Span};
 use crate::backend::Backend;
 use crate::config::Config;
 use crate::error::{Error, Result};
+use crate::ids::VolumeId;
 use crate::locks::OpLocks;
 use crate::store::{RecordDir, SnapshotRecord, StageRecord, VolumeRecord};
 
@@ -58,6 +59,16 @@ impl Driver {
             ),
             blocking_slots: Arc::new(Semaphore::new(slots)),
         }))
+    }
+
+    /// The controller record of volume `id`.
+    ///
+    /// # Errors
+    /// `NotFound` when there is none.
+    pub fn volume_record(&self, id: &VolumeId) -> Result<VolumeRecord> {
+        self.volumes
+            .get(id.as_str())
+            .ok_or_else(|| Error::NotFound(format!("volume {id} does not exist")))
     }
 
     /// Runs blocking work on a blocking thread, within the bound on concurrent jobs.

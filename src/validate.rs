@@ -139,15 +139,13 @@ pub fn capability(field: &str, cap: Option<&VolumeCapability>) -> Result<Capabil
                 mount_flags: mount.mount_flags.clone(),
             }
         }
-        None => unreachable_access(field)?,
+        None => {
+            return Err(Error::InvalidArgument(format!(
+                "{field}: access_type (mount or block) is required"
+            )))
+        }
     };
     Ok(Capability { access, mode })
-}
-
-fn unreachable_access(field: &str) -> Result<Access> {
-    Err(Error::InvalidArgument(format!(
-        "{field}: access_type (mount or block) is required"
-    )))
 }
 
 /// Parses a non-empty list of capabilities.

@@ -63,11 +63,6 @@ impl LoopBackend {
         })
     }
 
-    /// The canonical pool directory.
-    pub fn pool_dir(&self) -> &Path {
-        &self.pool_dir
-    }
-
     fn backing_file(&self, id: &VolumeId) -> PathBuf {
         self.pool_dir.join(format!("{id}{SUFFIX}"))
     }

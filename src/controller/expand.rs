@@ -33,10 +33,7 @@ pub(super) async fn expand_volume(
     let key = id.to_string();
     driver
         .locked(&key, move |d| async move {
-            let mut record = d
-                .volumes
-                .get(id.as_str())
-                .ok_or_else(|| Error::NotFound(format!("volume {id} does not exist")))?;
+            let mut record = d.volume_record(&id)?;
             let limit = u64::try_from(range.limit_bytes).unwrap_or(0);
             if limit > 0 && record.capacity_bytes > limit {
                 return Err(Error::OutOfRange(format!(

@@ -33,10 +33,7 @@ pub(super) async fn publish(
     let key = id.to_string();
     driver
         .locked(&key, move |d| async move {
-            let mut record = d
-                .volumes
-                .get(id.as_str())
-                .ok_or_else(|| Error::NotFound(format!("volume {id} does not exist")))?;
+            let mut record = d.volume_record(&id)?;
             if req.node_id != record.node_id {
                 return Err(Error::NotFound(format!(
                     "node {:?} cannot reach volume {id}: the volume lives on node {:?}",
@@ -117,10 +114,7 @@ pub(super) fn validate_capabilities(
     for (i, cap) in req.volume_capabilities.iter().enumerate() {
         validate::capability_shape(&format!("volume_capabilities[{i}]"), cap)?;
     }
-    let record = driver
-        .volumes
-        .get(id.as_str())
-        .ok_or_else(|| Error::NotFound(format!("volume {id} does not exist")))?;
+    let record = driver.volume_record(&id)?;
     let unconfirmed = |message: String| ValidateVolumeCapabilitiesResponse {
         confirmed: None,
         message,

@@ -144,10 +144,7 @@ pub(super) async fn get_volume(
     req: ControllerGetVolumeRequest,
 ) -> Result<ControllerGetVolumeResponse> {
     let id = VolumeId::parse_ours("volume_id", &req.volume_id)?;
-    let record = driver
-        .volumes
-        .get(id.as_str())
-        .ok_or_else(|| Error::NotFound(format!("volume {id} does not exist")))?;
+    let record = driver.volume_record(&id)?;
     let (record, condition) = conditions(driver, vec![record])
         .await?
         .pop()

@@ -143,24 +143,6 @@ pub fn find_by_backing_file(backing: &Path) -> Result<Vec<LoopDevice>> {
     Ok(found)
 }
 
-/// Every attached loop device whose backing file lies in `dir`, with that file's path.
-///
-/// # Errors
-/// `Io` when `/sys/block` cannot be listed.
-pub fn find_in_dir(dir: &Path) -> Result<Vec<(LoopDevice, PathBuf)>> {
-    let mut found = Vec::new();
-    for (number, sys_dir) in loop_sys_dirs()? {
-        if let Some(b) = backing_file_of(&sys_dir) {
-            let deleted = b.ends_with(" (deleted)");
-            let path = PathBuf::from(b.trim_end_matches(" (deleted)"));
-            if path.parent() == Some(dir) {
-                found.push((LoopDevice::new(number, deleted), path));
-            }
-        }
-    }
-    Ok(found)
-}
-
 /// The loop device with the given device number (from `stat().st_rdev`), if it is one,
 /// and its backing file (`None` when detached).
 pub fn loop_by_rdev(rdev: u64) -> Option<(u32, Option<String>)> {

@@ -66,9 +66,9 @@ async fn a_second_operation_on_a_busy_volume_is_aborted() {
     );
 
     // The same name again, and a DeleteVolume of the same id: both ABORTED at once.
+    // The ABORTED message names the busy volume; its id is checked against the first
+    // call's answer after the thaw.
     let id = {
-        // The id is derived from the name; learn it from the record of a finished call
-        // later, and here from the error message of the aborted one.
         let second = tokio::time::timeout(
             Duration::from_secs(5),
             d.controller().create_volume(request.clone()),

@@ -14,6 +14,19 @@ pub enum Mode {
     Node,
 }
 
+/// Who grows a volume's storage when Kubernetes asks for more.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Expansion {
+    /// ControllerExpandVolume grows the storage, NodeExpandVolume the filesystem (the
+    /// default; external-resizer calls the controller).
+    Controller,
+    /// The controller does not advertise expansion, so external-resizer only records the
+    /// new size and kubelet's NodeExpandVolume grows the storage and the filesystem on the
+    /// node that holds them. For deployments where no controller can reach node-local
+    /// storage.
+    Node,
+}
+
 /// Filesystems the node service can create and mount.
 #[derive(
     Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize, serde::Deserialize,
@@ -75,6 +88,8 @@ pub struct Config {
     pub default_fs_type: FsType,
     /// Which services to serve.
     pub mode: Mode,
+    /// Whether the controller or the node grows storage.
+    pub expansion: Expansion,
     /// How long an external tool (mkfs, blkid) may run before it is killed.
     pub tool_timeout: Duration,
     /// How many blocking jobs (ioctls, mounts, file work) may run at once.
@@ -95,6 +110,7 @@ impl Config {
             max_volumes_per_node: 0,
             default_fs_type: FsType::Ext4,
             mode: Mode::All,
+            expansion: Expansion::Controller,
             tool_timeout: Duration::from_secs(120),
             max_blocking_jobs: 16,
         }

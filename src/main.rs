@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
-use ferrovol::config::{Config, FsType, Mode};
+use ferrovol::config::{Config, Expansion, FsType, Mode};
 use ferrovol::server::{self, Endpoint};
 use tokio::signal::unix::{signal, SignalKind};
 use tracing::{error, info};
@@ -50,6 +50,10 @@ struct Cli {
     /// Which services to serve
     #[arg(long, value_enum, default_value = "all")]
     mode: Mode,
+    /// Who grows storage: `controller` (ControllerExpandVolume) or `node` (not advertised
+    /// by the controller, so kubelet's NodeExpandVolume grows the storage on its node)
+    #[arg(long, value_enum, default_value = "controller")]
+    expansion: Expansion,
     /// Seconds an external tool (mkfs, blkid) may run
     #[arg(long, default_value_t = 120)]
     tool_timeout_secs: u64,
@@ -133,6 +137,7 @@ fn main() -> ExitCode {
     config.max_volumes_per_node = cli.max_volumes_per_node;
     config.default_fs_type = cli.default_fs_type;
     config.mode = cli.mode;
+    config.expansion = cli.expansion;
     config.tool_timeout = Duration::from_secs(cli.tool_timeout_secs.max(1));
 
     let runtime = match tokio::runtime::Builder::new_multi_thread()

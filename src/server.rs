@@ -19,7 +19,7 @@ use tonic::transport::Server;
 use tracing::{info, warn};
 
 use crate::backend::{Backend, LoopBackend};
-use crate::config::{Config, Mode};
+use crate::config::{Config, Expansion, Mode};
 use crate::controller::ControllerService;
 use crate::csi::v1::controller_server::ControllerServer;
 use crate::csi::v1::identity_server::IdentityServer;
@@ -179,8 +179,10 @@ pub async fn run(
     let identity = IdentityServer::new(IdentityService::new(Arc::clone(&driver)));
     let controller = (mode != Mode::Node)
         .then(|| ControllerServer::new(ControllerService::new(Arc::clone(&driver))));
-    let node =
-        (mode != Mode::Controller).then(|| NodeServer::new(NodeService::new(Arc::clone(&driver))));
+    // A controller-only process with node expansion answers NodeGetCapabilities too:
+    // external-resizer asks it there before it takes its node-only path.
+    let node = (mode != Mode::Controller || driver.config.expansion == Expansion::Node)
+        .then(|| NodeServer::new(NodeService::new(Arc::clone(&driver))));
     let router = Server::builder()
         .add_service(identity)
         .add_optional_service(controller)

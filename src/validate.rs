@@ -21,6 +21,8 @@ pub const DEFAULT_SIZE: u64 = 1 << 30;
 pub const MIN_SIZE: u64 = 16 << 20;
 /// Prefix of the parameters that Kubernetes sidecars add on their own.
 pub const K8S_PARAMETER_PREFIX: &str = "csi.storage.k8s.io/";
+/// The StorageClass parameter naming the backend a volume must come from.
+pub const BACKEND_PARAMETER: &str = "backend";
 /// The longest CSI name accepted.
 pub const MAX_NAME_LEN: usize = 256;
 /// The longest path accepted.
@@ -186,17 +188,26 @@ pub fn name(field: &str, name: &str) -> Result<()> {
     Ok(())
 }
 
-/// Checks creation parameters: only the `csi.storage.k8s.io/` ones are known.
+/// Checks creation parameters. Known are the `csi.storage.k8s.io/` ones that Kubernetes
+/// sidecars add, and [`BACKEND_PARAMETER`], which must name the backend this driver runs
+/// (`backend_kind`), so that a StorageClass meant for another backend fails loudly.
 ///
 /// # Errors
-/// `InvalidArgument` naming the first unknown key.
-pub fn parameters(params: &HashMap<String, String>) -> Result<()> {
+/// `InvalidArgument` naming the first unknown key, or a backend this driver does not run.
+pub fn parameters(params: &HashMap<String, String>, backend_kind: &str) -> Result<()> {
     let mut keys: Vec<&String> = params.keys().collect();
     keys.sort();
     for key in keys {
-        if !key.starts_with(K8S_PARAMETER_PREFIX) {
+        if key == BACKEND_PARAMETER {
+            let wanted = &params[key];
+            if wanted != backend_kind {
+                return Err(Error::InvalidArgument(format!(
+                    "parameter {BACKEND_PARAMETER}={wanted:?}: this driver runs the {backend_kind:?} backend"
+                )));
+            }
+        } else if !key.starts_with(K8S_PARAMETER_PREFIX) {
             return Err(Error::InvalidArgument(format!(
-                "parameter {key:?} is not known to ferrovol (only {K8S_PARAMETER_PREFIX}* parameters are accepted)"
+                "parameter {key:?} is not known to ferrovol (accepted: {BACKEND_PARAMETER} and {K8S_PARAMETER_PREFIX}*)"
             )));
         }
     }
@@ -390,9 +401,13 @@ mod tests {
 
     #[test]
     fn only_kubernetes_parameters_are_accepted() {
-        let ok = HashMap::from([("csi.storage.k8s.io/pvc/name".to_owned(), "x".to_owned())]);
-        assert!(parameters(&ok).is_ok());
+        let ok = HashMap::from([
+            ("csi.storage.k8s.io/pvc/name".to_owned(), "x".to_owned()),
+            ("backend".to_owned(), "loop".to_owned()),
+        ]);
+        assert!(parameters(&ok, "loop").is_ok());
+        assert!(parameters(&ok, "lvm").is_err());
         let bad = HashMap::from([("color".to_owned(), "blue".to_owned())]);
-        assert!(parameters(&bad).is_err());
+        assert!(parameters(&bad, "loop").is_err());
     }
 }

@@ -101,7 +101,7 @@ pub(super) async fn create_volume(
 ) -> Result<CreateVolumeResponse> {
     validate::name("name", &req.name)?;
     let caps = validate::capabilities("volume_capabilities", &req.volume_capabilities)?;
-    validate::parameters(&req.parameters)?;
+    validate::parameters(&req.parameters, driver.backend.kind())?;
     let source = requested_source(req.volume_content_source.as_ref())?;
     let id = VolumeId::from_name(&req.name);
     // A retry of a CreateVolume that already succeeded must find its volume even if the

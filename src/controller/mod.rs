@@ -17,6 +17,7 @@ use std::sync::Arc;
 
 use tonic::{Request, Response, Status};
 
+use crate::config::Expansion;
 use crate::csi::v1::controller_server::Controller;
 use crate::csi::v1::controller_service_capability::rpc::Type as Rpc;
 use crate::csi::v1::controller_service_capability::{Rpc as RpcCapability, Type as CapabilityType};
@@ -121,8 +122,10 @@ impl Controller for ControllerService {
         &self,
         _request: Request<ControllerGetCapabilitiesRequest>,
     ) -> Result<Response<ControllerGetCapabilitiesResponse>, Status> {
+        let node_expansion = self.driver.config.expansion == Expansion::Node;
         let capabilities = CAPABILITIES
             .iter()
+            .filter(|rpc| !(node_expansion && **rpc == Rpc::ExpandVolume))
             .map(|rpc| ControllerServiceCapability {
                 r#type: Some(CapabilityType::Rpc(RpcCapability {
                     r#type: *rpc as i32,

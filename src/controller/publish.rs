@@ -119,7 +119,7 @@ pub(super) fn validate_capabilities(
         confirmed: None,
         message,
     };
-    if let Err(e) = validate::parameters(&req.parameters) {
+    if let Err(e) = validate::parameters(&req.parameters, driver.backend.kind()) {
         return Ok(unconfirmed(e.to_string()));
     }
     let caps = match validate::capabilities("volume_capabilities", &req.volume_capabilities) {

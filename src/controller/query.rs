@@ -107,7 +107,7 @@ pub(super) async fn get_capacity(
     driver: &Arc<Driver>,
     req: GetCapacityRequest,
 ) -> Result<GetCapacityResponse> {
-    validate::parameters(&req.parameters)?;
+    validate::parameters(&req.parameters, driver.backend.kind())?;
     let zero = GetCapacityResponse {
         available_capacity: 0,
         maximum_volume_size: Some(0),

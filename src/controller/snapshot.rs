@@ -43,7 +43,7 @@ pub(super) async fn create_snapshot(
 ) -> Result<CreateSnapshotResponse> {
     validate::name("name", &req.name)?;
     let source = VolumeId::parse_ours("source_volume_id", &req.source_volume_id)?;
-    validate::parameters(&req.parameters)?;
+    validate::parameters(&req.parameters, driver.backend.kind())?;
     let id = SnapshotId::from_name(&req.name);
     let key = id.to_string();
     driver

@@ -1,6 +1,8 @@
 //! NodeExpandVolume: the node half of online expansion.
 //!
-//! The controller grew the backing file; here the loop device learns the new size
+//! The controller grew the backing file, or (with `--expansion node`, or when the
+//! controller has not) this RPC grows it to the requested size first; then the loop
+//! device learns the new size
 //! (`LOOP_SET_CAPACITY`) and the mounted filesystem grows into it (resize2fs, xfs_growfs,
 //! btrfs resize). A block volume needs only the device step.
 //!
@@ -14,6 +16,7 @@ use std::sync::Arc;
 
 use tracing::{info, instrument};
 
+use crate::backend::StorageStatus;
 use crate::config::FsType;
 use crate::csi::v1::{NodeExpandVolumeRequest, NodeExpandVolumeResponse};
 use crate::driver::Driver;
@@ -34,13 +37,16 @@ pub(super) async fn expand(
     if !req.staging_target_path.is_empty() {
         validate::abs_path("staging_target_path", &req.staging_target_path)?;
     }
-    if let Some(range) = &req.capacity_range {
-        if range.required_bytes < 0 || range.limit_bytes < 0 {
-            return Err(Error::InvalidArgument(
-                "capacity_range holds a negative size".into(),
-            ));
+    // The size kubelet asks for: the storage grows to it here when the controller did not
+    // grow it (node expansion, or a controller that lost the race with a restart).
+    let (wanted, limit) = match req.capacity_range.as_ref() {
+        Some(range) if range.required_bytes != 0 || range.limit_bytes != 0 => {
+            let size = validate::volume_size(Some(range), validate::MIN_SIZE)?;
+            let limit = u64::try_from(range.limit_bytes).unwrap_or(0);
+            (Some(size), limit)
         }
-    }
+        _ => (None, 0),
+    };
     if let Some(cap) = req.volume_capability.as_ref() {
         validate::capability("volume_capability", Some(cap))?;
     }
@@ -48,6 +54,9 @@ pub(super) async fn expand(
     driver
         .locked(&key, move |d| async move {
             super::require_storage(&d, &id).await?;
+            if let Some(size) = wanted {
+                grow_storage(&d, &id, size, limit).await?;
+            }
             let backing = d.backend.source_path(&id);
             let device = devices_of(&d, &backing)
                 .await?
@@ -118,4 +127,42 @@ pub(super) async fn expand(
             })
         })
         .await
+}
+
+/// Grows the storage of `id` to at least `size` bytes, and its controller record with it
+/// when this process holds one. A volume already that big is left alone; one above
+/// `limit` (when set) cannot shrink and fails with OUT_OF_RANGE.
+async fn grow_storage(driver: &Arc<Driver>, id: &VolumeId, size: u64, limit: u64) -> Result<()> {
+    let backend = Arc::clone(&driver.backend);
+    let status_id = id.clone();
+    let current = match driver.blocking(move || backend.status(&status_id)).await? {
+        StorageStatus::Present { size_bytes, .. } => size_bytes,
+        StorageStatus::Missing => {
+            return Err(Error::NotFound(format!("volume {id} does not exist")));
+        }
+    };
+    if limit > 0 && current > limit {
+        return Err(Error::OutOfRange(format!(
+            "volume {id} has {current} bytes, above limit_bytes {limit}; shrinking is not supported"
+        )));
+    }
+    if size <= current {
+        return Ok(());
+    }
+    let backend = Arc::clone(&driver.backend);
+    let grow_id = id.clone();
+    driver
+        .blocking(move || backend.expand(&grow_id, size))
+        .await?;
+    if let Some(mut record) = driver.volumes.get(id.as_str()) {
+        if record.capacity_bytes < size {
+            record.capacity_bytes = size;
+            let stored = Arc::clone(driver);
+            driver
+                .blocking(move || stored.volumes.put(&record.volume_id.clone(), &record))
+                .await?;
+        }
+    }
+    info!(capacity_bytes = size, "volume storage grown on the node");
+    Ok(())
 }

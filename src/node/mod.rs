@@ -34,12 +34,31 @@ use crate::validate;
 pub struct NodeService {
     /// Shared driver state.
     driver: Arc<Driver>,
+    /// Set in a controller-only process with node expansion: only NodeGetCapabilities
+    /// answers (external-resizer reads it there to pick its node-only path); every other
+    /// node RPC belongs to the node plugins.
+    capabilities_only: bool,
 }
 
 impl NodeService {
     /// A service over the shared driver state.
     pub fn new(driver: Arc<Driver>) -> Self {
-        NodeService { driver }
+        let capabilities_only = driver.config.mode == crate::config::Mode::Controller;
+        NodeService {
+            driver,
+            capabilities_only,
+        }
+    }
+
+    /// Refuses node operations in a controller-only process.
+    fn serving(&self, method: &str) -> Result<(), Status> {
+        if self.capabilities_only {
+            return Err(Status::unimplemented(format!(
+                "{method}: this ferrovol process serves only the controller (--mode controller); \
+                 node operations go to the node plugin on the volume's node"
+            )));
+        }
+        Ok(())
     }
 }
 
@@ -99,6 +118,7 @@ impl Node for NodeService {
         &self,
         request: Request<NodeStageVolumeRequest>,
     ) -> Result<Response<NodeStageVolumeResponse>, Status> {
+        self.serving("NodeStageVolume")?;
         reply(stage::stage(&self.driver, request.into_inner()).await)
     }
 
@@ -106,6 +126,7 @@ impl Node for NodeService {
         &self,
         request: Request<NodeUnstageVolumeRequest>,
     ) -> Result<Response<NodeUnstageVolumeResponse>, Status> {
+        self.serving("NodeUnstageVolume")?;
         reply(stage::unstage(&self.driver, request.into_inner()).await)
     }
 
@@ -113,6 +134,7 @@ impl Node for NodeService {
         &self,
         request: Request<NodePublishVolumeRequest>,
     ) -> Result<Response<NodePublishVolumeResponse>, Status> {
+        self.serving("NodePublishVolume")?;
         reply(publish::publish(&self.driver, request.into_inner()).await)
     }
 
@@ -120,6 +142,7 @@ impl Node for NodeService {
         &self,
         request: Request<NodeUnpublishVolumeRequest>,
     ) -> Result<Response<NodeUnpublishVolumeResponse>, Status> {
+        self.serving("NodeUnpublishVolume")?;
         reply(publish::unpublish(&self.driver, request.into_inner()).await)
     }
 
@@ -127,6 +150,7 @@ impl Node for NodeService {
         &self,
         request: Request<NodeGetVolumeStatsRequest>,
     ) -> Result<Response<NodeGetVolumeStatsResponse>, Status> {
+        self.serving("NodeGetVolumeStats")?;
         reply(stats::volume_stats(&self.driver, request.into_inner()).await)
     }
 
@@ -134,6 +158,7 @@ impl Node for NodeService {
         &self,
         request: Request<NodeExpandVolumeRequest>,
     ) -> Result<Response<NodeExpandVolumeResponse>, Status> {
+        self.serving("NodeExpandVolume")?;
         reply(expand::expand(&self.driver, request.into_inner()).await)
     }
 
@@ -141,7 +166,14 @@ impl Node for NodeService {
         &self,
         _request: Request<NodeGetCapabilitiesRequest>,
     ) -> Result<Response<NodeGetCapabilitiesResponse>, Status> {
-        let capabilities = CAPABILITIES
+        // A controller-only process speaks for how this deployment grows volumes, not for
+        // staging, which it does not serve.
+        let offered: &[Rpc] = if self.capabilities_only {
+            &[Rpc::ExpandVolume]
+        } else {
+            CAPABILITIES
+        };
+        let capabilities = offered
             .iter()
             .map(|rpc| NodeServiceCapability {
                 r#type: Some(CapabilityType::Rpc(RpcCapability {
@@ -156,6 +188,7 @@ impl Node for NodeService {
         &self,
         _request: Request<NodeGetInfoRequest>,
     ) -> Result<Response<NodeGetInfoResponse>, Status> {
+        self.serving("NodeGetInfo")?;
         let config = &self.driver.config;
         Ok(Response::new(NodeGetInfoResponse {
             node_id: config.node_id.clone(),

@@ -83,6 +83,8 @@ pub struct Options {
     pub tcp: bool,
     /// Put the pool on a filesystem the harness makes, instead of a directory in `/tmp`.
     pub pool_fs: Option<PoolFs>,
+    /// More flags, appended as given (`--mode controller`, `--expansion node`, ...).
+    pub extra_args: Vec<String>,
 }
 
 impl Default for Options {
@@ -95,6 +97,7 @@ impl Default for Options {
             default_fs_type: None,
             tcp: false,
             pool_fs: None,
+            extra_args: Vec::new(),
         }
     }
 }
@@ -205,6 +208,7 @@ impl Driver {
         if let Some(fs_type) = &self.opts.default_fs_type {
             args.extend(["--default-fs-type".to_owned(), fs_type.clone()]);
         }
+        args.extend(self.opts.extra_args.iter().cloned());
         args
     }
 

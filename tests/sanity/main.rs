@@ -36,6 +36,7 @@ mod create;
 mod data;
 mod expand;
 mod identity;
+mod kubectl_walk;
 mod lifecycle;
 mod listing;
 mod node;

@@ -94,6 +94,8 @@ pub struct Config {
     pub tool_timeout: Duration,
     /// How many blocking jobs (ioctls, mounts, file work) may run at once.
     pub max_blocking_jobs: usize,
+    /// Where to serve `/metrics` and `/healthz`; `None` turns the HTTP port off.
+    pub metrics_address: Option<std::net::SocketAddr>,
 }
 
 impl Config {
@@ -113,6 +115,7 @@ impl Config {
             expansion: Expansion::Controller,
             tool_timeout: Duration::from_secs(120),
             max_blocking_jobs: 16,
+            metrics_address: None,
         }
     }
 }

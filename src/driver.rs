@@ -32,6 +32,8 @@ pub struct Driver {
     /// Whether this process may grow a mounted ext4 (`CAP_SYS_RESOURCE`), read once at
     /// start: capabilities do not change while the process runs.
     pub can_grow_mounted_ext4: bool,
+    /// Request counts, latencies and state gauges for `/metrics`.
+    pub metrics: crate::metrics::Metrics,
     /// Bounds how much blocking work (ioctls, mounts, fsyncs) runs at once, so one hung
     /// device cannot take every blocking thread.
     blocking_slots: Arc<Semaphore>,
@@ -57,6 +59,7 @@ impl Driver {
             can_grow_mounted_ext4: crate::os::caps::has_effective(
                 crate::os::caps::CAP_SYS_RESOURCE,
             ),
+            metrics: crate::metrics::Metrics::new()?,
             blocking_slots: Arc::new(Semaphore::new(slots)),
         }))
     }

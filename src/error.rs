@@ -66,6 +66,9 @@ pub enum Error {
         /// What was wrong with it.
         reason: String,
     },
+    /// The RPC is not served by this driver or this process.
+    #[error("{0}")]
+    Unimplemented(String),
     /// A bug or an unexpected state inside the driver.
     #[error("{0}")]
     Internal(String),
@@ -103,6 +106,7 @@ impl Error {
                 _ => Code::Internal,
             },
             Error::Timeout(_) => Code::DeadlineExceeded,
+            Error::Unimplemented(_) => Code::Unimplemented,
             Error::Tool { .. } | Error::Record { .. } | Error::Internal(_) => Code::Internal,
         }
     }

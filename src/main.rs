@@ -2,6 +2,7 @@
 //! or SIGINT.
 
 use std::io::IsTerminal;
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -57,9 +58,25 @@ struct Cli {
     /// Seconds an external tool (mkfs, blkid) may run
     #[arg(long, default_value_t = 120)]
     tool_timeout_secs: u64,
+    /// Where to serve /metrics and /healthz over HTTP (HOST:PORT), or `off`
+    #[arg(long, default_value = "127.0.0.1:9810", value_parser = parse_metrics_address)]
+    metrics_address: MetricsAddress,
     /// Log format
     #[arg(long, value_enum, default_value = "text")]
     log_format: LogFormat,
+}
+
+/// `--metrics-address`: an address, or `off`.
+#[derive(Debug, Clone, Copy)]
+struct MetricsAddress(Option<SocketAddr>);
+
+fn parse_metrics_address(raw: &str) -> Result<MetricsAddress, String> {
+    if raw == "off" || raw.is_empty() {
+        return Ok(MetricsAddress(None));
+    }
+    raw.parse()
+        .map(|addr| MetricsAddress(Some(addr)))
+        .map_err(|e| format!("{raw:?} is neither HOST:PORT nor `off`: {e}"))
 }
 
 /// The default data directory: `/var/lib/ferrovol` for root, else
@@ -138,6 +155,7 @@ fn main() -> ExitCode {
     config.default_fs_type = cli.default_fs_type;
     config.mode = cli.mode;
     config.expansion = cli.expansion;
+    config.metrics_address = cli.metrics_address.0;
     config.tool_timeout = Duration::from_secs(cli.tool_timeout_secs.max(1));
 
     let runtime = match tokio::runtime::Builder::new_multi_thread()

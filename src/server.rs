@@ -166,30 +166,93 @@ fn reconcile(driver: &Driver) {
     );
 }
 
-/// Serves the configured services on `endpoint` until `shutdown` completes.
+/// A bound CSI endpoint, not yet served.
+enum Bound {
+    /// A unix socket and its path (removed when serving ends).
+    Unix(PathBuf, UnixListener),
+    /// A TCP listener and its local address.
+    Tcp(SocketAddr, TcpListener),
+}
+
+impl Bound {
+    async fn bind(endpoint: Endpoint) -> Result<Self> {
+        match endpoint {
+            Endpoint::Unix(path) => {
+                let listener = bind_unix(&path)?;
+                Ok(Bound::Unix(path, listener))
+            }
+            Endpoint::Tcp(addr) => {
+                let listener = TcpListener::bind(addr)
+                    .await
+                    .map_err(|e| Error::io("bind", addr.to_string(), e))?;
+                let local = listener
+                    .local_addr()
+                    .map_err(|e| Error::io("local address of", addr.to_string(), e))?;
+                Ok(Bound::Tcp(local, listener))
+            }
+        }
+    }
+
+    /// Gives the endpoint up without serving it.
+    fn release(self) {
+        if let Bound::Unix(path, listener) = self {
+            drop(listener);
+            let _ = fs::remove_file(&path);
+        }
+    }
+}
+
+/// Serves the configured services on `endpoint`, and `/metrics` and `/healthz` on the
+/// metrics address, until `shutdown` completes.
 ///
 /// # Errors
-/// `Io` when the endpoint cannot be bound or serving fails.
+/// `Io` when the endpoint or the metrics address cannot be bound, or serving fails.
 pub async fn run(
     driver: Arc<Driver>,
     endpoint: Endpoint,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<()> {
+    // The CSI endpoint is bound first: a second driver on a live socket stops there.
+    let bound = Bound::bind(endpoint).await?;
+    let metrics = match driver.config.metrics_address {
+        Some(addr) => match crate::http::bind(addr).await {
+            Ok(listener) => Some(tokio::spawn(crate::http::serve(
+                listener,
+                Arc::clone(&driver),
+            ))),
+            Err(e) => {
+                bound.release();
+                return Err(e);
+            }
+        },
+        None => None,
+    };
+    let served = serve_csi(&driver, bound, shutdown).await;
+    if let Some(task) = metrics {
+        task.abort();
+    }
+    served
+}
+
+async fn serve_csi(
+    driver: &Arc<Driver>,
+    bound: Bound,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<()> {
     let mode = driver.config.mode;
-    let identity = IdentityServer::new(IdentityService::new(Arc::clone(&driver)));
+    let identity = IdentityServer::new(IdentityService::new(Arc::clone(driver)));
     let controller = (mode != Mode::Node)
-        .then(|| ControllerServer::new(ControllerService::new(Arc::clone(&driver))));
+        .then(|| ControllerServer::new(ControllerService::new(Arc::clone(driver))));
     // A controller-only process with node expansion answers NodeGetCapabilities too:
     // external-resizer asks it there before it takes its node-only path.
     let node = (mode != Mode::Controller || driver.config.expansion == Expansion::Node)
-        .then(|| NodeServer::new(NodeService::new(Arc::clone(&driver))));
+        .then(|| NodeServer::new(NodeService::new(Arc::clone(driver))));
     let router = Server::builder()
         .add_service(identity)
         .add_optional_service(controller)
         .add_optional_service(node);
-    match endpoint {
-        Endpoint::Unix(path) => {
-            let listener = bind_unix(&path)?;
+    match bound {
+        Bound::Unix(path, listener) => {
             info!(endpoint = %path.display(), driver = %driver.config.driver_name, node_id = %driver.config.node_id, "serving");
             let served = router
                 .serve_with_incoming_shutdown(UnixListenerStream::new(listener), shutdown)
@@ -197,13 +260,7 @@ pub async fn run(
             let _ = fs::remove_file(&path);
             served.map_err(|e| Error::Internal(format!("serving {}: {e}", path.display())))
         }
-        Endpoint::Tcp(addr) => {
-            let listener = TcpListener::bind(addr)
-                .await
-                .map_err(|e| Error::io("bind", addr.to_string(), e))?;
-            let local = listener
-                .local_addr()
-                .map_err(|e| Error::io("local address of", addr.to_string(), e))?;
+        Bound::Tcp(local, listener) => {
             info!(endpoint = %local, driver = %driver.config.driver_name, node_id = %driver.config.node_id, "serving");
             router
                 .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use tracing::{info, instrument};
+use tracing::info;
 
 use crate::backend::Source;
 use crate::csi::v1::volume_content_source::{SnapshotSource, Type as SourceType, VolumeSource};
@@ -94,7 +94,6 @@ pub(super) fn volume_message(driver: &Driver, record: &VolumeRecord) -> Volume {
     }
 }
 
-#[instrument(skip_all, fields(method = "CreateVolume", name = %req.name), err)]
 pub(super) async fn create_volume(
     driver: &Arc<Driver>,
     req: CreateVolumeRequest,
@@ -235,7 +234,6 @@ fn check_compatible(
     Ok(())
 }
 
-#[instrument(skip_all, fields(method = "DeleteVolume", volume_id = %req.volume_id), err)]
 pub(super) async fn delete_volume(
     driver: &Arc<Driver>,
     req: DeleteVolumeRequest,

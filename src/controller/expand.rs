@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use tracing::{info, instrument};
+use tracing::info;
 
 use crate::csi::v1::{ControllerExpandVolumeRequest, ControllerExpandVolumeResponse};
 use crate::driver::Driver;
@@ -14,7 +14,6 @@ use crate::error::{Error, Result};
 use crate::ids::VolumeId;
 use crate::validate;
 
-#[instrument(skip_all, fields(method = "ControllerExpandVolume", volume_id = %req.volume_id), err)]
 pub(super) async fn expand_volume(
     driver: &Arc<Driver>,
     req: ControllerExpandVolumeRequest,

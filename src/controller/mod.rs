@@ -23,6 +23,7 @@ use crate::csi::v1::controller_service_capability::rpc::Type as Rpc;
 use crate::csi::v1::controller_service_capability::{Rpc as RpcCapability, Type as CapabilityType};
 use crate::csi::v1::*;
 use crate::driver::Driver;
+use crate::rpc::{self, Subject};
 
 /// Serves the CSI Controller service.
 #[derive(Debug, Clone)]
@@ -56,66 +57,104 @@ const CAPABILITIES: &[Rpc] = &[
     Rpc::ExpandVolume,
 ];
 
-fn unimplemented(method: &str) -> Status {
-    Status::unimplemented(format!("{method} is not supported by ferrovol yet"))
-}
-
-fn reply<T>(result: crate::Result<T>) -> Result<Response<T>, Status> {
-    result.map(Response::new).map_err(Status::from)
-}
-
 #[tonic::async_trait]
 impl Controller for ControllerService {
     async fn create_volume(
         &self,
         request: Request<CreateVolumeRequest>,
     ) -> Result<Response<CreateVolumeResponse>, Status> {
-        reply(create::create_volume(&self.driver, request.into_inner()).await)
+        let req = request.into_inner();
+        rpc::serve(
+            &self.driver,
+            "CreateVolume",
+            Subject::name(&req.name, None),
+            create::create_volume(&self.driver, req),
+        )
+        .await
     }
 
     async fn delete_volume(
         &self,
         request: Request<DeleteVolumeRequest>,
     ) -> Result<Response<DeleteVolumeResponse>, Status> {
-        reply(create::delete_volume(&self.driver, request.into_inner()).await)
+        let req = request.into_inner();
+        rpc::serve(
+            &self.driver,
+            "DeleteVolume",
+            Subject::volume(&req.volume_id),
+            create::delete_volume(&self.driver, req),
+        )
+        .await
     }
 
     async fn controller_publish_volume(
         &self,
         request: Request<ControllerPublishVolumeRequest>,
     ) -> Result<Response<ControllerPublishVolumeResponse>, Status> {
-        reply(publish::publish(&self.driver, request.into_inner()).await)
+        let req = request.into_inner();
+        rpc::serve(
+            &self.driver,
+            "ControllerPublishVolume",
+            Subject::volume(&req.volume_id),
+            publish::publish(&self.driver, req),
+        )
+        .await
     }
 
     async fn controller_unpublish_volume(
         &self,
         request: Request<ControllerUnpublishVolumeRequest>,
     ) -> Result<Response<ControllerUnpublishVolumeResponse>, Status> {
-        reply(publish::unpublish(&self.driver, request.into_inner()).await)
+        let req = request.into_inner();
+        rpc::serve(
+            &self.driver,
+            "ControllerUnpublishVolume",
+            Subject::volume(&req.volume_id),
+            publish::unpublish(&self.driver, req),
+        )
+        .await
     }
 
     async fn validate_volume_capabilities(
         &self,
         request: Request<ValidateVolumeCapabilitiesRequest>,
     ) -> Result<Response<ValidateVolumeCapabilitiesResponse>, Status> {
-        reply(publish::validate_capabilities(
+        let req = request.into_inner();
+        rpc::serve(
             &self.driver,
-            request.into_inner(),
-        ))
+            "ValidateVolumeCapabilities",
+            Subject::volume(&req.volume_id),
+            async { publish::validate_capabilities(&self.driver, req) },
+        )
+        .await
     }
 
     async fn list_volumes(
         &self,
         request: Request<ListVolumesRequest>,
     ) -> Result<Response<ListVolumesResponse>, Status> {
-        reply(query::list_volumes(&self.driver, request.into_inner()).await)
+        let req = request.into_inner();
+        rpc::serve(
+            &self.driver,
+            "ListVolumes",
+            Subject::none(),
+            query::list_volumes(&self.driver, req),
+        )
+        .await
     }
 
     async fn get_capacity(
         &self,
         request: Request<GetCapacityRequest>,
     ) -> Result<Response<GetCapacityResponse>, Status> {
-        reply(query::get_capacity(&self.driver, request.into_inner()).await)
+        let req = request.into_inner();
+        rpc::serve(
+            &self.driver,
+            "GetCapacity",
+            Subject::none(),
+            query::get_capacity(&self.driver, req),
+        )
+        .await
     }
 
     async fn controller_get_capabilities(
@@ -132,57 +171,106 @@ impl Controller for ControllerService {
                 })),
             })
             .collect();
-        Ok(Response::new(ControllerGetCapabilitiesResponse {
-            capabilities,
-        }))
+        rpc::serve(
+            &self.driver,
+            "ControllerGetCapabilities",
+            Subject::none(),
+            async { Ok(ControllerGetCapabilitiesResponse { capabilities }) },
+        )
+        .await
     }
 
     async fn create_snapshot(
         &self,
         request: Request<CreateSnapshotRequest>,
     ) -> Result<Response<CreateSnapshotResponse>, Status> {
-        reply(snapshot::create_snapshot(&self.driver, request.into_inner()).await)
+        let req = request.into_inner();
+        rpc::serve(
+            &self.driver,
+            "CreateSnapshot",
+            Subject::name(&req.name, Some(&req.source_volume_id)),
+            snapshot::create_snapshot(&self.driver, req),
+        )
+        .await
     }
 
     async fn delete_snapshot(
         &self,
         request: Request<DeleteSnapshotRequest>,
     ) -> Result<Response<DeleteSnapshotResponse>, Status> {
-        reply(snapshot::delete_snapshot(&self.driver, request.into_inner()).await)
+        let req = request.into_inner();
+        rpc::serve(
+            &self.driver,
+            "DeleteSnapshot",
+            Subject::snapshot(&req.snapshot_id),
+            snapshot::delete_snapshot(&self.driver, req),
+        )
+        .await
     }
 
     async fn list_snapshots(
         &self,
         request: Request<ListSnapshotsRequest>,
     ) -> Result<Response<ListSnapshotsResponse>, Status> {
-        reply(snapshot::list_snapshots(&self.driver, request.into_inner()))
+        let req = request.into_inner();
+        rpc::serve(&self.driver, "ListSnapshots", Subject::none(), async {
+            snapshot::list_snapshots(&self.driver, req)
+        })
+        .await
     }
 
     async fn get_snapshot(
         &self,
         request: Request<GetSnapshotRequest>,
     ) -> Result<Response<GetSnapshotResponse>, Status> {
-        reply(snapshot::get_snapshot(&self.driver, request.into_inner()))
+        let req = request.into_inner();
+        rpc::serve(
+            &self.driver,
+            "GetSnapshot",
+            Subject::snapshot(&req.snapshot_id),
+            async { snapshot::get_snapshot(&self.driver, req) },
+        )
+        .await
     }
 
     async fn controller_expand_volume(
         &self,
         request: Request<ControllerExpandVolumeRequest>,
     ) -> Result<Response<ControllerExpandVolumeResponse>, Status> {
-        reply(expand::expand_volume(&self.driver, request.into_inner()).await)
+        let req = request.into_inner();
+        rpc::serve(
+            &self.driver,
+            "ControllerExpandVolume",
+            Subject::volume(&req.volume_id),
+            expand::expand_volume(&self.driver, req),
+        )
+        .await
     }
 
     async fn controller_get_volume(
         &self,
         request: Request<ControllerGetVolumeRequest>,
     ) -> Result<Response<ControllerGetVolumeResponse>, Status> {
-        reply(query::get_volume(&self.driver, request.into_inner()).await)
+        let req = request.into_inner();
+        rpc::serve(
+            &self.driver,
+            "ControllerGetVolume",
+            Subject::volume(&req.volume_id),
+            query::get_volume(&self.driver, req),
+        )
+        .await
     }
 
     async fn controller_modify_volume(
         &self,
-        _request: Request<ControllerModifyVolumeRequest>,
+        request: Request<ControllerModifyVolumeRequest>,
     ) -> Result<Response<ControllerModifyVolumeResponse>, Status> {
-        Err(unimplemented("ControllerModifyVolume"))
+        let req = request.into_inner();
+        rpc::serve(&self.driver, "ControllerModifyVolume", Subject::volume(&req.volume_id), async {
+            Err(crate::Error::Unimplemented(
+                "ControllerModifyVolume is not supported: ferrovol volumes have no mutable parameters".into(),
+            ))
+        })
+        .await
     }
 }

@@ -6,8 +6,6 @@
 
 use std::sync::Arc;
 
-use tracing::instrument;
-
 use crate::csi::v1::validate_volume_capabilities_response::Confirmed;
 use crate::csi::v1::{
     ControllerPublishVolumeRequest, ControllerPublishVolumeResponse,
@@ -20,7 +18,6 @@ use crate::ids::{ParsedId, VolumeId};
 use crate::store::Publication;
 use crate::validate;
 
-#[instrument(skip_all, fields(method = "ControllerPublishVolume", volume_id = %req.volume_id, node_id = %req.node_id), err)]
 pub(super) async fn publish(
     driver: &Arc<Driver>,
     req: ControllerPublishVolumeRequest,
@@ -69,7 +66,6 @@ pub(super) async fn publish(
         .await
 }
 
-#[instrument(skip_all, fields(method = "ControllerUnpublishVolume", volume_id = %req.volume_id, node_id = %req.node_id), err)]
 pub(super) async fn unpublish(
     driver: &Arc<Driver>,
     req: ControllerUnpublishVolumeRequest,
@@ -100,7 +96,6 @@ pub(super) async fn unpublish(
         .await
 }
 
-#[instrument(skip_all, fields(method = "ValidateVolumeCapabilities", volume_id = %req.volume_id), err)]
 pub(super) fn validate_capabilities(
     driver: &Driver,
     req: ValidateVolumeCapabilitiesRequest,

@@ -6,8 +6,6 @@
 
 use std::sync::Arc;
 
-use tracing::instrument;
-
 use crate::backend::StorageStatus;
 use crate::csi::v1::{
     controller_get_volume_response, list_volumes_response, ControllerGetVolumeRequest,
@@ -65,7 +63,6 @@ async fn conditions(
         .await
 }
 
-#[instrument(skip_all, fields(method = "ListVolumes"), err)]
 pub(super) async fn list_volumes(
     driver: &Arc<Driver>,
     req: ListVolumesRequest,
@@ -102,7 +99,6 @@ pub(super) async fn list_volumes(
     })
 }
 
-#[instrument(skip_all, fields(method = "GetCapacity"), err)]
 pub(super) async fn get_capacity(
     driver: &Arc<Driver>,
     req: GetCapacityRequest,
@@ -138,7 +134,6 @@ pub(super) async fn get_capacity(
     })
 }
 
-#[instrument(skip_all, fields(method = "ControllerGetVolume", volume_id = %req.volume_id), err)]
 pub(super) async fn get_volume(
     driver: &Arc<Driver>,
     req: ControllerGetVolumeRequest,

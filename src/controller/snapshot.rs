@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use tracing::{info, instrument};
+use tracing::info;
 
 use crate::csi::v1::{
     list_snapshots_response, CreateSnapshotRequest, CreateSnapshotResponse, DeleteSnapshotRequest,
@@ -36,7 +36,6 @@ fn snapshot_message(record: &SnapshotRecord) -> Snapshot {
     }
 }
 
-#[instrument(skip_all, fields(method = "CreateSnapshot", name = %req.name, volume_id = %req.source_volume_id), err)]
 pub(super) async fn create_snapshot(
     driver: &Arc<Driver>,
     req: CreateSnapshotRequest,
@@ -105,7 +104,6 @@ pub(super) async fn create_snapshot(
         .await
 }
 
-#[instrument(skip_all, fields(method = "DeleteSnapshot", snapshot_id = %req.snapshot_id), err)]
 pub(super) async fn delete_snapshot(
     driver: &Arc<Driver>,
     req: DeleteSnapshotRequest,
@@ -131,7 +129,6 @@ pub(super) async fn delete_snapshot(
         .await
 }
 
-#[instrument(skip_all, fields(method = "ListSnapshots"), err)]
 pub(super) fn list_snapshots(
     driver: &Driver,
     req: ListSnapshotsRequest,
@@ -177,7 +174,6 @@ pub(super) fn list_snapshots(
     })
 }
 
-#[instrument(skip_all, fields(method = "GetSnapshot", snapshot_id = %req.snapshot_id), err)]
 pub(super) fn get_snapshot(
     driver: &Driver,
     req: GetSnapshotRequest,

@@ -7,7 +7,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use tonic::{Request, Response, Status};
-use tracing::{instrument, warn};
+use tracing::warn;
 
 use crate::config::Mode;
 use crate::csi::v1::identity_server::Identity;
@@ -20,6 +20,7 @@ use crate::csi::v1::{
 };
 use crate::driver::Driver;
 use crate::error::{Error, Result};
+use crate::rpc::{self, Subject};
 
 /// Serves the CSI Identity service.
 #[derive(Debug, Clone)]
@@ -65,19 +66,20 @@ fn service_capability(kind: service::Type) -> PluginCapability {
 
 #[tonic::async_trait]
 impl Identity for IdentityService {
-    #[instrument(skip_all, fields(method = "GetPluginInfo"))]
     async fn get_plugin_info(
         &self,
         _request: Request<GetPluginInfoRequest>,
     ) -> Result<Response<GetPluginInfoResponse>, Status> {
-        Ok(Response::new(GetPluginInfoResponse {
-            name: self.driver.config.driver_name.clone(),
-            vendor_version: env!("CARGO_PKG_VERSION").to_owned(),
-            manifest: Default::default(),
-        }))
+        rpc::serve(&self.driver, "GetPluginInfo", Subject::none(), async {
+            Ok(GetPluginInfoResponse {
+                name: self.driver.config.driver_name.clone(),
+                vendor_version: env!("CARGO_PKG_VERSION").to_owned(),
+                manifest: Default::default(),
+            })
+        })
+        .await
     }
 
-    #[instrument(skip_all, fields(method = "GetPluginCapabilities"))]
     async fn get_plugin_capabilities(
         &self,
         _request: Request<GetPluginCapabilitiesRequest>,
@@ -94,23 +96,29 @@ impl Identity for IdentityService {
                 r#type: volume_expansion::Type::Online as i32,
             })),
         });
-        Ok(Response::new(GetPluginCapabilitiesResponse {
-            capabilities,
-        }))
+        rpc::serve(
+            &self.driver,
+            "GetPluginCapabilities",
+            Subject::none(),
+            async { Ok(GetPluginCapabilitiesResponse { capabilities }) },
+        )
+        .await
     }
 
-    #[instrument(skip_all, fields(method = "Probe"))]
     async fn probe(
         &self,
         _request: Request<ProbeRequest>,
     ) -> Result<Response<ProbeResponse>, Status> {
-        let ready = match self.readiness().await {
-            Ok(()) => true,
-            Err(e) => {
-                warn!(cause = %e, "not ready");
-                false
-            }
-        };
-        Ok(Response::new(ProbeResponse { ready: Some(ready) }))
+        rpc::serve(&self.driver, "Probe", Subject::none(), async {
+            let ready = match self.readiness().await {
+                Ok(()) => true,
+                Err(e) => {
+                    warn!(cause = %e, "not ready");
+                    false
+                }
+            };
+            Ok(ProbeResponse { ready: Some(ready) })
+        })
+        .await
     }
 }

@@ -14,7 +14,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use tracing::{info, instrument};
+use tracing::info;
 
 use crate::backend::StorageStatus;
 use crate::config::FsType;
@@ -27,7 +27,6 @@ use crate::validate;
 
 use super::devices_of;
 
-#[instrument(skip_all, fields(method = "NodeExpandVolume", volume_id = %req.volume_id), err)]
 pub(super) async fn expand(
     driver: &Arc<Driver>,
     req: NodeExpandVolumeRequest,

@@ -27,6 +27,7 @@ use crate::error::{Error, Result};
 use crate::ids::VolumeId;
 use crate::os::loopdev::{self, LoopDevice};
 use crate::os::superblock;
+use crate::rpc::{self, Subject};
 use crate::validate;
 
 /// Serves the CSI Node service.
@@ -51,9 +52,9 @@ impl NodeService {
     }
 
     /// Refuses node operations in a controller-only process.
-    fn serving(&self, method: &str) -> Result<(), Status> {
+    fn serving(&self, method: &str) -> Result<()> {
         if self.capabilities_only {
-            return Err(Status::unimplemented(format!(
+            return Err(Error::Unimplemented(format!(
                 "{method}: this ferrovol process serves only the controller (--mode controller); \
                  node operations go to the node plugin on the volume's node"
             )));
@@ -108,58 +109,108 @@ pub(super) async fn smaller_than_device(
         .await
 }
 
-fn reply<T>(result: crate::Result<T>) -> Result<Response<T>, Status> {
-    result.map(Response::new).map_err(Status::from)
-}
-
 #[tonic::async_trait]
 impl Node for NodeService {
     async fn node_stage_volume(
         &self,
         request: Request<NodeStageVolumeRequest>,
     ) -> Result<Response<NodeStageVolumeResponse>, Status> {
-        self.serving("NodeStageVolume")?;
-        reply(stage::stage(&self.driver, request.into_inner()).await)
+        let req = request.into_inner();
+        rpc::serve(
+            &self.driver,
+            "NodeStageVolume",
+            Subject::volume(&req.volume_id),
+            async {
+                self.serving("NodeStageVolume")?;
+                stage::stage(&self.driver, req).await
+            },
+        )
+        .await
     }
 
     async fn node_unstage_volume(
         &self,
         request: Request<NodeUnstageVolumeRequest>,
     ) -> Result<Response<NodeUnstageVolumeResponse>, Status> {
-        self.serving("NodeUnstageVolume")?;
-        reply(stage::unstage(&self.driver, request.into_inner()).await)
+        let req = request.into_inner();
+        rpc::serve(
+            &self.driver,
+            "NodeUnstageVolume",
+            Subject::volume(&req.volume_id),
+            async {
+                self.serving("NodeUnstageVolume")?;
+                stage::unstage(&self.driver, req).await
+            },
+        )
+        .await
     }
 
     async fn node_publish_volume(
         &self,
         request: Request<NodePublishVolumeRequest>,
     ) -> Result<Response<NodePublishVolumeResponse>, Status> {
-        self.serving("NodePublishVolume")?;
-        reply(publish::publish(&self.driver, request.into_inner()).await)
+        let req = request.into_inner();
+        rpc::serve(
+            &self.driver,
+            "NodePublishVolume",
+            Subject::volume(&req.volume_id),
+            async {
+                self.serving("NodePublishVolume")?;
+                publish::publish(&self.driver, req).await
+            },
+        )
+        .await
     }
 
     async fn node_unpublish_volume(
         &self,
         request: Request<NodeUnpublishVolumeRequest>,
     ) -> Result<Response<NodeUnpublishVolumeResponse>, Status> {
-        self.serving("NodeUnpublishVolume")?;
-        reply(publish::unpublish(&self.driver, request.into_inner()).await)
+        let req = request.into_inner();
+        rpc::serve(
+            &self.driver,
+            "NodeUnpublishVolume",
+            Subject::volume(&req.volume_id),
+            async {
+                self.serving("NodeUnpublishVolume")?;
+                publish::unpublish(&self.driver, req).await
+            },
+        )
+        .await
     }
 
     async fn node_get_volume_stats(
         &self,
         request: Request<NodeGetVolumeStatsRequest>,
     ) -> Result<Response<NodeGetVolumeStatsResponse>, Status> {
-        self.serving("NodeGetVolumeStats")?;
-        reply(stats::volume_stats(&self.driver, request.into_inner()).await)
+        let req = request.into_inner();
+        rpc::serve(
+            &self.driver,
+            "NodeGetVolumeStats",
+            Subject::volume(&req.volume_id),
+            async {
+                self.serving("NodeGetVolumeStats")?;
+                stats::volume_stats(&self.driver, req).await
+            },
+        )
+        .await
     }
 
     async fn node_expand_volume(
         &self,
         request: Request<NodeExpandVolumeRequest>,
     ) -> Result<Response<NodeExpandVolumeResponse>, Status> {
-        self.serving("NodeExpandVolume")?;
-        reply(expand::expand(&self.driver, request.into_inner()).await)
+        let req = request.into_inner();
+        rpc::serve(
+            &self.driver,
+            "NodeExpandVolume",
+            Subject::volume(&req.volume_id),
+            async {
+                self.serving("NodeExpandVolume")?;
+                expand::expand(&self.driver, req).await
+            },
+        )
+        .await
     }
 
     async fn node_get_capabilities(
@@ -181,19 +232,28 @@ impl Node for NodeService {
                 })),
             })
             .collect();
-        Ok(Response::new(NodeGetCapabilitiesResponse { capabilities }))
+        rpc::serve(
+            &self.driver,
+            "NodeGetCapabilities",
+            Subject::none(),
+            async { Ok(NodeGetCapabilitiesResponse { capabilities }) },
+        )
+        .await
     }
 
     async fn node_get_info(
         &self,
         _request: Request<NodeGetInfoRequest>,
     ) -> Result<Response<NodeGetInfoResponse>, Status> {
-        self.serving("NodeGetInfo")?;
-        let config = &self.driver.config;
-        Ok(Response::new(NodeGetInfoResponse {
-            node_id: config.node_id.clone(),
-            max_volumes_per_node: config.max_volumes_per_node,
-            accessible_topology: Some(validate::node_topology(config)),
-        }))
+        rpc::serve(&self.driver, "NodeGetInfo", Subject::none(), async {
+            self.serving("NodeGetInfo")?;
+            let config = &self.driver.config;
+            Ok(NodeGetInfoResponse {
+                node_id: config.node_id.clone(),
+                max_volumes_per_node: config.max_volumes_per_node,
+                accessible_topology: Some(validate::node_topology(config)),
+            })
+        })
+        .await
     }
 }

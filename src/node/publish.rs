@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use nix::mount::MsFlags;
-use tracing::{info, instrument};
+use tracing::info;
 
 use crate::csi::v1::volume_capability::access_mode::Mode;
 use crate::csi::v1::{
@@ -84,7 +84,6 @@ fn mode_conflict(
     ))
 }
 
-#[instrument(skip_all, fields(method = "NodePublishVolume", volume_id = %req.volume_id), err)]
 pub(super) async fn publish(
     driver: &Arc<Driver>,
     req: NodePublishVolumeRequest,
@@ -254,7 +253,6 @@ fn bind_target(
     Ok(())
 }
 
-#[instrument(skip_all, fields(method = "NodeUnpublishVolume", volume_id = %req.volume_id), err)]
 pub(super) async fn unpublish(
     driver: &Arc<Driver>,
     req: NodeUnpublishVolumeRequest,

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use nix::mount::MsFlags;
-use tracing::{info, instrument, warn};
+use tracing::{info, warn};
 
 use crate::config::FsType;
 use crate::csi::v1::{
@@ -32,7 +32,6 @@ use crate::validate::{self, Access};
 
 use super::devices_of;
 
-#[instrument(skip_all, fields(method = "NodeStageVolume", volume_id = %req.volume_id), err)]
 pub(super) async fn stage(
     driver: &Arc<Driver>,
     req: NodeStageVolumeRequest,
@@ -298,7 +297,6 @@ fn still_published(
     found
 }
 
-#[instrument(skip_all, fields(method = "NodeUnstageVolume", volume_id = %req.volume_id), err)]
 pub(super) async fn unstage(
     driver: &Arc<Driver>,
     req: NodeUnstageVolumeRequest,

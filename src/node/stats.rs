@@ -8,8 +8,6 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use tracing::instrument;
-
 use crate::csi::v1::volume_usage::Unit;
 use crate::csi::v1::{
     NodeGetVolumeStatsRequest, NodeGetVolumeStatsResponse, VolumeCondition, VolumeUsage,
@@ -38,7 +36,6 @@ fn condition(problem: Option<String>) -> Option<VolumeCondition> {
     })
 }
 
-#[instrument(skip_all, fields(method = "NodeGetVolumeStats", volume_id = %req.volume_id), err)]
 pub(super) async fn volume_stats(
     driver: &Arc<Driver>,
     req: NodeGetVolumeStatsRequest,

@@ -143,6 +143,30 @@ pub fn find_by_backing_file(backing: &Path) -> Result<Vec<LoopDevice>> {
     Ok(found)
 }
 
+/// Every attached loop device whose backing file lies in `dir` (directly), with that
+/// backing file. A deleted backing file is reported with its old path and
+/// `backing_deleted` set.
+///
+/// # Errors
+/// `Io` when `/sys/block` cannot be listed.
+pub fn attached_in(dir: &Path) -> Result<Vec<(LoopDevice, PathBuf)>> {
+    let mut found = Vec::new();
+    for (number, sys_dir) in loop_sys_dirs()? {
+        let Some(text) = backing_file_of(&sys_dir) else {
+            continue;
+        };
+        let (path, deleted) = match text.strip_suffix(" (deleted)") {
+            Some(path) => (PathBuf::from(path), true),
+            None => (PathBuf::from(text), false),
+        };
+        if path.parent() == Some(dir) {
+            found.push((LoopDevice::new(number, deleted), path));
+        }
+    }
+    found.sort_by_key(|(device, _)| device.number);
+    Ok(found)
+}
+
 /// The loop device with the given device number (from `stat().st_rdev`), if it is one,
 /// and its backing file (`None` when detached).
 pub fn loop_by_rdev(rdev: u64) -> Option<(u32, Option<String>)> {

@@ -123,6 +123,8 @@ pub struct Driver {
     pub opts: Options,
     /// `--endpoint` value.
     pub endpoint: String,
+    /// `--metrics-address`: a free port on loopback, picked for this driver.
+    pub metrics_address: String,
     /// The driver process while it runs.
     child: Option<Child>,
     /// The gRPC channel to the running driver.
@@ -178,6 +180,7 @@ impl Driver {
             socket,
             opts,
             endpoint,
+            metrics_address: format!("127.0.0.1:{}", free_tcp_port()),
             child: None,
             channel: None,
             finished: false,
@@ -195,6 +198,8 @@ impl Driver {
             self.state.display().to_string(),
             "--pool-dir".to_owned(),
             self.pool.display().to_string(),
+            "--metrics-address".to_owned(),
+            self.metrics_address.clone(),
         ];
         if let Some(name) = &self.opts.driver_name {
             args.extend(["--driver-name".to_owned(), name.clone()]);

@@ -40,6 +40,7 @@ mod kubectl_walk;
 mod lifecycle;
 mod listing;
 mod node;
+mod observability;
 mod pool;
 mod restart;
 mod restore;

@@ -11,7 +11,7 @@ use crate::backend::Backend;
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::ids::VolumeId;
-use crate::locks::OpLocks;
+use crate::locks::{Gate, OpLocks};
 use crate::store::{RecordDir, SnapshotRecord, StageRecord, VolumeRecord};
 
 /// Shared state of one driver process.
@@ -29,6 +29,8 @@ pub struct Driver {
     pub staged: RecordDir<StageRecord>,
     /// One operation per volume at a time.
     pub locks: Arc<OpLocks>,
+    /// Keeps operations and `ferrovol gc` apart.
+    pub gate: Arc<Gate>,
     /// Whether this process may grow a mounted ext4 (`CAP_SYS_RESOURCE`), read once at
     /// start: capabilities do not change while the process runs.
     pub can_grow_mounted_ext4: bool,
@@ -49,6 +51,7 @@ impl Driver {
         let snapshots = RecordDir::open(&config.state_dir.join("snapshots"))?;
         let staged = RecordDir::open(&config.state_dir.join("staged"))?;
         let slots = config.max_blocking_jobs.max(1);
+        let gate = Arc::new(Gate::open(&config.state_dir)?);
         Ok(Arc::new(Driver {
             config,
             backend,
@@ -56,6 +59,7 @@ impl Driver {
             snapshots,
             staged,
             locks: Arc::new(OpLocks::default()),
+            gate,
             can_grow_mounted_ext4: crate::os::caps::has_effective(
                 crate::os::caps::CAP_SYS_RESOURCE,
             ),
@@ -104,7 +108,8 @@ impl Driver {
     /// future) the operation still runs to its end and the volume stays locked until then.
     ///
     /// # Errors
-    /// `Aborted` when another operation holds `key`; otherwise whatever `op` returns.
+    /// `Aborted` when another operation holds `key` or `ferrovol gc` is running; otherwise
+    /// whatever `op` returns.
     pub async fn locked<T, F, Fut>(self: &Arc<Self>, key: &str, op: F) -> Result<T>
     where
         F: FnOnce(Arc<Driver>) -> Fut + Send + 'static,
@@ -112,10 +117,12 @@ impl Driver {
         T: Send + 'static,
     {
         let guard = self.locks.try_lock(key)?;
+        let pass = self.gate.enter()?;
         let driver = Arc::clone(self);
         tokio::spawn(
             async move {
                 let _guard = guard;
+                let _pass = pass;
                 op(driver).await
             }
             .instrument(Span::current()),

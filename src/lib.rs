@@ -6,6 +6,7 @@
 //! errors; a [`backend`] or the [`os`] layer does the work; the [`store`] records the
 //! outcome.
 
+pub mod admin;
 pub mod backend;
 pub mod config;
 pub mod controller;

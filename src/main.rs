@@ -7,7 +7,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::{Parser, ValueEnum};
+use clap::{Parser, Subcommand, ValueEnum};
+use ferrovol::admin::{self, Output, Paths};
 use ferrovol::config::{Config, Expansion, FsType, Mode};
 use ferrovol::server::{self, Endpoint};
 use tokio::signal::unix::{signal, SignalKind};
@@ -23,9 +24,15 @@ enum LogFormat {
 }
 
 /// ferrovol: a node-local CSI driver (loop-file volumes).
+///
+/// Without a subcommand it serves CSI; the subcommands are operator tools that read the
+/// driver's records and the machine.
 #[derive(Debug, Parser)]
 #[command(version, about)]
 struct Cli {
+    /// An operator command instead of serving
+    #[command(subcommand)]
+    command: Option<Command>,
     /// Where to serve CSI: unix:///path/csi.sock or tcp://127.0.0.1:PORT
     /// [default: unix://<data dir>/csi.sock]
     #[arg(long, env = "CSI_ENDPOINT")]
@@ -37,16 +44,16 @@ struct Cli {
     #[arg(long, default_value = "ferrovol.csi.dev")]
     driver_name: String,
     /// Directory of durable metadata records [default: <data dir>/state]
-    #[arg(long)]
+    #[arg(long, global = true)]
     state_dir: Option<PathBuf>,
     /// Directory of the loop backend's sparse backing files [default: <data dir>/pool]
-    #[arg(long)]
+    #[arg(long, global = true)]
     pool_dir: Option<PathBuf>,
     /// Volume limit reported by NodeGetInfo (0: no limit)
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(i64).range(0..))]
     max_volumes_per_node: i64,
     /// Filesystem for mount volumes whose capability names none
-    #[arg(long, value_enum, default_value = "ext4")]
+    #[arg(long, value_enum, default_value = "ext4", global = true)]
     default_fs_type: FsType,
     /// Which services to serve
     #[arg(long, value_enum, default_value = "all")]
@@ -64,6 +71,104 @@ struct Cli {
     /// Log format
     #[arg(long, value_enum, default_value = "text")]
     log_format: LogFormat,
+}
+
+/// Operator commands.
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Volumes in the driver's records
+    Volumes {
+        #[command(subcommand)]
+        action: VolumesCommand,
+    },
+    /// Snapshots in the driver's records
+    Snapshots {
+        #[command(subcommand)]
+        action: SnapshotsCommand,
+    },
+    /// Check that this node can run the driver (exits non-zero on a problem)
+    Doctor {
+        /// table or json
+        #[arg(long, value_enum, default_value = "table")]
+        output: Output,
+    },
+    /// Find (and without --dry-run remove) mounts, loop devices and files no record owns
+    Gc {
+        /// Only report what would be removed
+        #[arg(long)]
+        dry_run: bool,
+        /// Seconds to wait for running operations before giving up
+        #[arg(long, default_value_t = 10)]
+        wait_secs: u64,
+        /// table or json
+        #[arg(long, value_enum, default_value = "table")]
+        output: Output,
+    },
+}
+
+/// `ferrovol volumes ...`
+#[derive(Debug, Subcommand)]
+enum VolumesCommand {
+    /// Every volume: PVC, capacity, node, staged and published state
+    List {
+        /// table or json
+        #[arg(long, value_enum, default_value = "table")]
+        output: Output,
+    },
+    /// One volume in detail
+    Show {
+        /// The volume id (fv-...)
+        volume_id: String,
+        /// table or json
+        #[arg(long, value_enum, default_value = "table")]
+        output: Output,
+    },
+}
+
+/// `ferrovol snapshots ...`
+#[derive(Debug, Subcommand)]
+enum SnapshotsCommand {
+    /// Every snapshot: VolumeSnapshot, source volume, size
+    List {
+        /// table or json
+        #[arg(long, value_enum, default_value = "table")]
+        output: Output,
+    },
+}
+
+/// Runs an operator command; prints its report and picks the exit status.
+fn run_command(command: Command, paths: &Paths, default_fs: FsType) -> ExitCode {
+    let report = match command {
+        Command::Volumes {
+            action: VolumesCommand::List { output },
+        } => admin::inventory::list_volumes(paths, output),
+        Command::Volumes {
+            action: VolumesCommand::Show { volume_id, output },
+        } => admin::inventory::show_volume(paths, &volume_id, output),
+        Command::Snapshots {
+            action: SnapshotsCommand::List { output },
+        } => admin::inventory::list_snapshots(paths, output),
+        Command::Doctor { output } => admin::doctor::doctor(paths, default_fs, output),
+        Command::Gc {
+            dry_run,
+            wait_secs,
+            output,
+        } => admin::gc::gc(paths, dry_run, Duration::from_secs(wait_secs), output),
+    };
+    match report {
+        Ok(report) => {
+            print!("{}", report.text);
+            if report.failed {
+                ExitCode::FAILURE
+            } else {
+                ExitCode::SUCCESS
+            }
+        }
+        Err(e) => {
+            eprintln!("ferrovol: {e}");
+            ExitCode::from(2)
+        }
+    }
 }
 
 /// `--metrics-address`: an address, or `off`.
@@ -125,6 +230,13 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(cli.log_format);
     let data_dir = default_data_dir();
+    if let Some(command) = cli.command {
+        let paths = Paths {
+            state_dir: cli.state_dir.unwrap_or_else(|| data_dir.join("state")),
+            pool_dir: cli.pool_dir.unwrap_or_else(|| data_dir.join("pool")),
+        };
+        return run_command(command, &paths, cli.default_fs_type);
+    }
     let node_id = match cli.node_id {
         Some(id) if !id.is_empty() => id,
         _ => match nix::unistd::gethostname() {

@@ -139,6 +139,39 @@ impl<T: Serialize + DeserializeOwned + Clone> RecordDir<T> {
     }
 }
 
+/// Reads every record in `dir` without changing anything there (no cleanup of temporary
+/// files), for operator tools that look at a running driver's state. A missing directory
+/// holds no records.
+///
+/// # Errors
+/// `Io` when the directory cannot be read; `Record` for a record that does not parse.
+pub fn read_records<T: DeserializeOwned>(dir: &Path) -> Result<Vec<T>> {
+    let entries = match fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(Error::io("read directory", dir, e)),
+    };
+    let mut paths: Vec<PathBuf> = entries
+        .filter_map(|entry| entry.ok().map(|e| e.path()))
+        .filter(|path| path.extension().is_some_and(|ext| ext == "json"))
+        .collect();
+    paths.sort();
+    let mut records = Vec::with_capacity(paths.len());
+    for path in paths {
+        let bytes = match fs::read(&path) {
+            Ok(bytes) => bytes,
+            // Removed by the driver since the listing: not a record any more.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(Error::io("read", &path, e)),
+        };
+        records.push(serde_json::from_slice(&bytes).map_err(|e| Error::Record {
+            path: path.clone(),
+            reason: e.to_string(),
+        })?);
+    }
+    Ok(records)
+}
+
 /// Replaces `dir/name` with `bytes` so that a crash leaves either the old or the new file.
 ///
 /// # Errors

@@ -45,6 +45,37 @@ pub struct LoopBackend {
     reflinks: bool,
 }
 
+/// The backing file of volume `id` in the pool at `pool_dir`.
+pub fn backing_file_in(pool_dir: &Path, id: &VolumeId) -> PathBuf {
+    pool_dir.join(format!("{id}{SUFFIX}"))
+}
+
+/// The file of snapshot `id` in the pool at `pool_dir`.
+pub fn snapshot_file_in(pool_dir: &Path, id: &SnapshotId) -> PathBuf {
+    pool_dir.join(SNAPSHOT_DIR).join(format!("{id}{SUFFIX}"))
+}
+
+/// The directory of snapshot files in the pool at `pool_dir`.
+pub fn snapshot_dir_in(pool_dir: &Path) -> PathBuf {
+    pool_dir.join(SNAPSHOT_DIR)
+}
+
+/// The volume id a pool file name (`<id>.img`) stands for; `None` for any other file.
+pub fn volume_of_file(file_name: &str) -> Option<VolumeId> {
+    let stem = file_name.strip_suffix(SUFFIX)?;
+    match VolumeId::parse("file", stem) {
+        Ok(ParsedId::Ours(id)) => Some(id),
+        _ => None,
+    }
+}
+
+/// The snapshot id a snapshot file name (`<id>.img`) stands for; `None` for any other
+/// file.
+pub fn snapshot_of_file(file_name: &str) -> Option<SnapshotId> {
+    let stem = file_name.strip_suffix(SUFFIX)?;
+    SnapshotId::parse_ours("file", stem).ok()
+}
+
 impl LoopBackend {
     /// Opens the pool, creating the directory if needed.
     ///
@@ -64,13 +95,11 @@ impl LoopBackend {
     }
 
     fn backing_file(&self, id: &VolumeId) -> PathBuf {
-        self.pool_dir.join(format!("{id}{SUFFIX}"))
+        backing_file_in(&self.pool_dir, id)
     }
 
     fn snapshot_file(&self, id: &SnapshotId) -> PathBuf {
-        self.pool_dir
-            .join(SNAPSHOT_DIR)
-            .join(format!("{id}{SUFFIX}"))
+        snapshot_file_in(&self.pool_dir, id)
     }
 
     /// Freezes the filesystem of `backing` if it is mounted on this node, so that a copy

@@ -8,6 +8,7 @@
 
 pub mod caps;
 pub mod clone;
+pub mod flock;
 pub mod freeze;
 pub mod grow;
 pub mod loopdev;

@@ -41,6 +41,7 @@ mod lifecycle;
 mod listing;
 mod node;
 mod observability;
+mod operator;
 mod pool;
 mod restart;
 mod restore;

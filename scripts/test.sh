@@ -2,7 +2,8 @@
 # Runs every ferrovol check and test: format, lints, the CSI wire-format check, unit tests
 # and the integration suites (real loop devices, mkfs and mounts, so it needs root).
 # Installs what the tests need first, idempotently: xfsprogs, btrfs-progs, e2fsprogs,
-# util-linux, and the Python protobuf tools for the wire check.
+# util-linux, the Python protobuf tools for the wire check, and kubectl (for
+# `kubectl kustomize`), PyYAML and kubernetes-validate for the manifest checks.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -17,6 +18,7 @@ declare -A packages=(
   [mkfs.xfs]=xfsprogs [xfs_growfs]=xfsprogs
   [mkfs.btrfs]=btrfs-progs
   [blkid]=util-linux [losetup]=mount
+  [kubectl]=kubernetes-client
 )
 missing=()
 for tool in "${!packages[@]}"; do
@@ -30,6 +32,8 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 python3 -c 'import google.protobuf, grpc_tools' 2>/dev/null \
   || python3 -m pip install --quiet --disable-pip-version-check grpcio-tools protobuf
+python3 -c 'import yaml, kubernetes_validate' 2>/dev/null \
+  || python3 -m pip install --quiet --disable-pip-version-check kubernetes-validate pyyaml
 modprobe loop 2>/dev/null || true
 [ -e /dev/loop-control ] || { echo "no /dev/loop-control: the kernel lacks loop devices" >&2; exit 1; }
 

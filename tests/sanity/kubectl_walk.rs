@@ -477,7 +477,7 @@ async fn expand(driver: &Driver, overlay: Overlay, mounted: &Mounted, bytes: i64
             ..Default::default()
         })
         .await;
-    let online = !(fs_type_of(&mounted.cap) == "ext4" && !has_effective_cap(CAP_SYS_RESOURCE));
+    let online = fs_type_of(&mounted.cap) != "ext4" || has_effective_cap(CAP_SYS_RESOURCE);
     if online {
         let grown = ok(answer, "NodeExpandVolume (kubelet)");
         assert!(

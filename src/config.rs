@@ -94,11 +94,17 @@ pub struct Config {
     pub tool_timeout: Duration,
     /// How many blocking jobs (ioctls, mounts, file work) may run at once.
     pub max_blocking_jobs: usize,
+    /// The only directories below which NodeStage/NodePublish mount (and the other node
+    /// RPCs look): kubelet's directory by default.
+    pub path_roots: Vec<PathBuf>,
     /// Where to serve `/metrics` and `/healthz`; `None` turns the HTTP port off.
     pub metrics_address: Option<std::net::SocketAddr>,
 }
 
 impl Config {
+    /// kubelet's directory, the default (and usual only) path root.
+    pub const KUBELET_DIR: &'static str = "/var/lib/kubelet";
+
     /// The topology key under which every volume and node reports its node.
     pub const TOPOLOGY_KEY: &'static str = "topology.ferrovol.csi.dev/node";
 
@@ -116,6 +122,7 @@ impl Config {
             tool_timeout: Duration::from_secs(120),
             max_blocking_jobs: 16,
             metrics_address: None,
+            path_roots: vec![PathBuf::from(Self::KUBELET_DIR)],
         }
     }
 }

@@ -65,6 +65,10 @@ struct Cli {
     /// Seconds an external tool (mkfs, blkid) may run
     #[arg(long, default_value_t = 120)]
     tool_timeout_secs: u64,
+    /// A directory below which node RPCs may mount and look (repeat for more); staging and
+    /// target paths anywhere else, or through a symbolic link, are refused
+    #[arg(long = "path-root", default_value = "/var/lib/kubelet")]
+    path_roots: Vec<PathBuf>,
     /// Where to serve /metrics and /healthz over HTTP (HOST:PORT), or `off`
     #[arg(long, default_value = "127.0.0.1:9810", value_parser = parse_metrics_address)]
     metrics_address: MetricsAddress,
@@ -268,6 +272,15 @@ fn main() -> ExitCode {
     config.mode = cli.mode;
     config.expansion = cli.expansion;
     config.metrics_address = cli.metrics_address.0;
+    if let Some(bad) = cli
+        .path_roots
+        .iter()
+        .find(|r| !r.is_absolute() || r.parent().is_none())
+    {
+        error!(root = %bad.display(), "--path-root must be an absolute directory other than /");
+        return ExitCode::FAILURE;
+    }
+    config.path_roots = cli.path_roots;
     config.tool_timeout = Duration::from_secs(cli.tool_timeout_secs.max(1));
 
     let runtime = match tokio::runtime::Builder::new_multi_thread()

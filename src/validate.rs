@@ -305,6 +305,38 @@ pub fn abs_path(field: &str, raw: &str) -> Result<PathBuf> {
     Ok(path.components().collect())
 }
 
+/// Checks a node RPC's path like [`abs_path`], and that it lies strictly below one of the
+/// configured path roots (`--path-root`, kubelet's directory by default), so that no
+/// request can mount onto, or remove, anything elsewhere. Symbolic links below the root
+/// are refused later, where the filesystem is looked at.
+///
+/// # Errors
+/// `InvalidArgument` naming the field, the path and the roots.
+pub fn node_path(config: &Config, field: &str, raw: &str) -> Result<PathBuf> {
+    let path = abs_path(field, raw)?;
+    if root_of(config, &path).is_some() {
+        return Ok(path);
+    }
+    let roots: Vec<String> = config
+        .path_roots
+        .iter()
+        .map(|r| r.display().to_string())
+        .collect();
+    Err(Error::InvalidArgument(format!(
+        "{field} {raw:?} is outside the directories this driver works in ({}; see --path-root)",
+        roots.join(", ")
+    )))
+}
+
+/// The configured root that `path` lies strictly below.
+pub fn root_of<'a>(config: &'a Config, path: &Path) -> Option<&'a Path> {
+    config
+        .path_roots
+        .iter()
+        .map(PathBuf::as_path)
+        .find(|root| path != *root && path.starts_with(root))
+}
+
 /// The topology segment of this node.
 pub fn node_topology(config: &Config) -> Topology {
     Topology {
@@ -396,6 +428,21 @@ mod tests {
         );
         for bad in ["", "a/b", "/a/../b", "/"] {
             assert!(abs_path("p", bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn node_paths_stay_below_the_roots() {
+        let config = Config::with_dirs("n", "/s".into(), "/p".into());
+        assert!(node_path(&config, "p", "/var/lib/kubelet/pods/x/mount").is_ok());
+        for bad in [
+            "/var/lib/kubelet",
+            "/var/lib/kubeletx/y",
+            "/etc/passwd",
+            "/var/lib/kubelet/../../etc",
+            "relative",
+        ] {
+            assert!(node_path(&config, "p", bad).is_err(), "{bad}");
         }
     }
 

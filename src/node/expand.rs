@@ -32,9 +32,9 @@ pub(super) async fn expand(
     req: NodeExpandVolumeRequest,
 ) -> Result<NodeExpandVolumeResponse> {
     let id = VolumeId::parse_ours("volume_id", &req.volume_id)?;
-    let path = validate::abs_path("volume_path", &req.volume_path)?;
+    let path = super::checked_path(driver, "volume_path", &req.volume_path).await?;
     if !req.staging_target_path.is_empty() {
-        validate::abs_path("staging_target_path", &req.staging_target_path)?;
+        super::checked_path(driver, "staging_target_path", &req.staging_target_path).await?;
     }
     // The size kubelet asks for: the storage grows to it here when the controller did not
     // grow it (node expansion, or a controller that lost the race with a restart).

@@ -11,7 +11,7 @@ mod publish;
 mod stage;
 mod stats;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use tonic::{Request, Response, Status};
@@ -26,7 +26,7 @@ use crate::driver::Driver;
 use crate::error::{Error, Result};
 use crate::ids::VolumeId;
 use crate::os::loopdev::{self, LoopDevice};
-use crate::os::superblock;
+use crate::os::{paths, superblock};
 use crate::rpc::{self, Subject};
 use crate::validate;
 
@@ -80,6 +80,23 @@ async fn require_storage(driver: &Arc<Driver>, id: &VolumeId) -> Result<()> {
         StorageStatus::Missing => Err(Error::NotFound(format!("volume {id} does not exist"))),
         StorageStatus::Present { .. } => Ok(()),
     }
+}
+
+/// A staging, target or volume path of a node RPC: absolute, without `..`, strictly below
+/// a path root, and through no symbolic link below that root.
+///
+/// # Errors
+/// `InvalidArgument` for any of those; `Io` when a component cannot be inspected.
+async fn checked_path(driver: &Arc<Driver>, field: &str, raw: &str) -> Result<PathBuf> {
+    let path = validate::node_path(&driver.config, field, raw)?;
+    let root = validate::root_of(&driver.config, &path)
+        .map(Path::to_path_buf)
+        .ok_or_else(|| Error::Internal(format!("{field} lost its root")))?;
+    let checked = path.clone();
+    driver
+        .blocking(move || paths::refuse_symlinks(&root, &checked))
+        .await?;
+    Ok(path)
 }
 
 /// Loop devices attached to a backing file, found on a blocking thread.

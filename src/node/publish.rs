@@ -95,8 +95,9 @@ pub(super) async fn publish(
                 .into(),
         ));
     }
-    let staging = validate::abs_path("staging_target_path", &req.staging_target_path)?;
-    let target = validate::abs_path("target_path", &req.target_path)?;
+    let staging =
+        super::checked_path(driver, "staging_target_path", &req.staging_target_path).await?;
+    let target = super::checked_path(driver, "target_path", &req.target_path).await?;
     let cap = validate::capability("volume_capability", req.volume_capability.as_ref())?;
     if target == staging || target.starts_with(&staging) || staging.starts_with(&target) {
         return Err(Error::InvalidArgument(format!(
@@ -258,7 +259,7 @@ pub(super) async fn unpublish(
     req: NodeUnpublishVolumeRequest,
 ) -> Result<NodeUnpublishVolumeResponse> {
     let id = VolumeId::parse_ours("volume_id", &req.volume_id)?;
-    let target = validate::abs_path("target_path", &req.target_path)?;
+    let target = super::checked_path(driver, "target_path", &req.target_path).await?;
     let key = id.to_string();
     driver
         .locked(&key, move |d| async move {

@@ -37,7 +37,8 @@ pub(super) async fn stage(
     req: NodeStageVolumeRequest,
 ) -> Result<NodeStageVolumeResponse> {
     let id = VolumeId::parse_ours("volume_id", &req.volume_id)?;
-    let staging = validate::abs_path("staging_target_path", &req.staging_target_path)?;
+    let staging =
+        super::checked_path(driver, "staging_target_path", &req.staging_target_path).await?;
     let cap = validate::capability("volume_capability", req.volume_capability.as_ref())?;
     let read_only = cap.read_only_mode();
     let access = match cap.access {
@@ -302,7 +303,8 @@ pub(super) async fn unstage(
     req: NodeUnstageVolumeRequest,
 ) -> Result<NodeUnstageVolumeResponse> {
     let id = VolumeId::parse_ours("volume_id", &req.volume_id)?;
-    let staging = validate::abs_path("staging_target_path", &req.staging_target_path)?;
+    let staging =
+        super::checked_path(driver, "staging_target_path", &req.staging_target_path).await?;
     let key = id.to_string();
     driver
         .locked(&key, move |d| async move {

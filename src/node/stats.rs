@@ -17,7 +17,6 @@ use crate::error::{Error, Result};
 use crate::ids::VolumeId;
 use crate::os::loopdev::{self, LoopDevice};
 use crate::os::{mount, paths, statfs};
-use crate::validate;
 
 fn usage(unit: Unit, total: u64, available: u64, used: u64) -> VolumeUsage {
     let clamp = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
@@ -41,9 +40,9 @@ pub(super) async fn volume_stats(
     req: NodeGetVolumeStatsRequest,
 ) -> Result<NodeGetVolumeStatsResponse> {
     let id = VolumeId::parse_ours("volume_id", &req.volume_id)?;
-    let path = validate::abs_path("volume_path", &req.volume_path)?;
+    let path = super::checked_path(driver, "volume_path", &req.volume_path).await?;
     if !req.staging_target_path.is_empty() {
-        validate::abs_path("staging_target_path", &req.staging_target_path)?;
+        super::checked_path(driver, "staging_target_path", &req.staging_target_path).await?;
     }
     let backing = driver.backend.source_path(&id);
     let recorded = driver

@@ -10,6 +10,40 @@ use std::path::Path;
 
 use crate::error::{Error, Result};
 
+/// Refuses `path` when any of its components below `root` is a symbolic link, so that a
+/// link planted in a kubelet directory cannot send a mount (or a removal) elsewhere.
+/// Components that do not exist yet are fine: they are created without following links.
+///
+/// # Errors
+/// `InvalidArgument` naming the link; `Io` when a component cannot be inspected.
+pub fn refuse_symlinks(root: &Path, path: &Path) -> Result<()> {
+    let Ok(below) = path.strip_prefix(root) else {
+        return Err(Error::InvalidArgument(format!(
+            "{} is not below {}",
+            path.display(),
+            root.display()
+        )));
+    };
+    let mut prefix = root.to_path_buf();
+    for component in below.components() {
+        prefix.push(component);
+        match fs::symlink_metadata(&prefix) {
+            Ok(meta) if meta.file_type().is_symlink() => {
+                return Err(Error::InvalidArgument(format!(
+                    "{} leads through the symbolic link {}; ferrovol does not follow links in \
+                     staging or target paths",
+                    path.display(),
+                    prefix.display()
+                )));
+            }
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(Error::io("stat", &prefix, e)),
+        }
+    }
+    Ok(())
+}
+
 /// Makes sure `path` is a directory (creating it and its parents), and not a symlink.
 ///
 /// # Errors

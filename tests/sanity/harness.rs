@@ -200,6 +200,8 @@ impl Driver {
             self.pool.display().to_string(),
             "--metrics-address".to_owned(),
             self.metrics_address.clone(),
+            "--path-root".to_owned(),
+            self.root.display().to_string(),
         ];
         if let Some(name) = &self.opts.driver_name {
             args.extend(["--driver-name".to_owned(), name.clone()]);

@@ -42,6 +42,7 @@ mod listing;
 mod node;
 mod observability;
 mod operator;
+mod paths;
 mod pool;
 mod restart;
 mod restore;

@@ -235,7 +235,10 @@ impl Metrics {
         self.published.set(saturating_i64(
             staged.iter().map(|s| s.targets.len()).sum::<usize>(),
         ));
-        match loopdev::attached_in(&driver.config.pool_dir) {
+        // sysfs names backing files by their canonical path.
+        let pool = std::fs::canonicalize(&driver.config.pool_dir)
+            .unwrap_or_else(|_| driver.config.pool_dir.clone());
+        match loopdev::attached_in(&pool) {
             Ok(devices) => self.loop_devices.set(saturating_i64(devices.len())),
             Err(e) => tracing::warn!(cause = %e, "cannot list loop devices for /metrics"),
         }
@@ -279,6 +282,12 @@ impl InFlight<'_> {
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
         if !self.finished {
+            // The client went away (its deadline passed). Work that holds a volume lock
+            // runs on in its own task; its outcome shows in that task's log lines only.
+            tracing::info!(
+                method = self.method,
+                "client cancelled the rpc; work already started finishes on its own"
+            );
             self.metrics
                 .record(self.method, Code::Cancelled, self.started.elapsed());
         }

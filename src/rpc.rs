@@ -5,7 +5,8 @@
 //! about, and, once the answer is known, its status code and duration. One event closes
 //! it: `info` for a mutating RPC, `debug` for the frequent read-only ones (Probe,
 //! capabilities, GetCapacity), `warn` or `error` for failures. Values that come from a
-//! request are shortened and printed quoted, so a hostile name cannot forge log lines.
+//! request, and error messages (which quote request values), are shortened and printed
+//! quoted, so a hostile name cannot forge log lines.
 //! Request `secrets` never reach this module.
 
 use std::future::Future;
@@ -19,6 +20,8 @@ use crate::metrics::code_name;
 
 /// How much of a request value a log line shows.
 const MAX_LOGGED_CHARS: usize = 128;
+/// How much of an error message a log line shows.
+const MAX_LOGGED_ERROR_CHARS: usize = 1024;
 
 /// What an RPC is about, as its span shows it.
 #[derive(Debug, Default)]
@@ -67,6 +70,16 @@ impl Subject {
             volume_id: source_volume_id.map(shortened),
             ..Subject::default()
         }
+    }
+}
+
+/// An error message as a log field: cut to [`MAX_LOGGED_ERROR_CHARS`], and printed quoted
+/// (Debug), because messages embed request values that may hold newlines.
+fn shortened_error(e: &crate::Error) -> String {
+    let text = e.to_string();
+    match text.char_indices().nth(MAX_LOGGED_ERROR_CHARS) {
+        Some((cut, _)) => format!("{}…", &text[..cut]),
+        None => text,
     }
 }
 
@@ -141,8 +154,10 @@ where
     span.in_scope(|| match &result {
         Ok(_) if is_routine(method) => tracing::event!(Level::DEBUG, "rpc done"),
         Ok(_) => tracing::event!(Level::INFO, "rpc done"),
-        Err(e) if is_server_fault(code) => tracing::event!(Level::ERROR, error = %e, "rpc failed"),
-        Err(e) => tracing::event!(Level::WARN, error = %e, "rpc refused"),
+        Err(e) if is_server_fault(code) => {
+            tracing::event!(Level::ERROR, error = ?shortened_error(e), "rpc failed")
+        }
+        Err(e) => tracing::event!(Level::WARN, error = ?shortened_error(e), "rpc refused"),
     });
     result.map(Response::new).map_err(Status::from)
 }

@@ -117,6 +117,10 @@ fn bind_unix(path: &Path) -> Result<UnixListener> {
 /// `Io` or `Record` when the pool or the store cannot be opened.
 pub fn open_driver(config: Config) -> Result<Arc<Driver>> {
     let backend: Arc<dyn Backend> = Arc::new(LoopBackend::open(&config.pool_dir)?);
+    // gc judges the pool's files by this state directory's records: say which it is.
+    if config.mode != Mode::Node {
+        crate::backend::loopfile::write_owner(&config.pool_dir, &config.state_dir)?;
+    }
     let driver = Driver::open(config, backend)?;
     reconcile(&driver);
     Ok(driver)

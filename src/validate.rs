@@ -202,16 +202,27 @@ pub fn parameters(params: &HashMap<String, String>, backend_kind: &str) -> Resul
             let wanted = &params[key];
             if wanted != backend_kind {
                 return Err(Error::InvalidArgument(format!(
-                    "parameter {BACKEND_PARAMETER}={wanted:?}: this driver runs the {backend_kind:?} backend"
+                    "parameter {BACKEND_PARAMETER}={:?}: this driver runs the {backend_kind:?} backend",
+                    clip(wanted)
                 )));
             }
         } else if !key.starts_with(K8S_PARAMETER_PREFIX) {
             return Err(Error::InvalidArgument(format!(
-                "parameter {key:?} is not known to ferrovol (accepted: {BACKEND_PARAMETER} and {K8S_PARAMETER_PREFIX}*)"
+                "parameter {:?} is not known to ferrovol (accepted: {BACKEND_PARAMETER} and {K8S_PARAMETER_PREFIX}*)",
+                clip(key)
             )));
         }
     }
     Ok(())
+}
+
+/// At most 64 characters of a request value, for an error message: a status message
+/// travels in a gRPC trailer, which clients cap in size.
+fn clip(value: &str) -> &str {
+    match value.char_indices().nth(64) {
+        Some((cut, _)) => &value[..cut],
+        None => value,
+    }
 }
 
 /// Picks a volume size from a capacity range: the smallest multiple of [`GRANULARITY`] that

@@ -64,7 +64,12 @@ pub fn find_program(program: &str) -> Option<PathBuf> {
 /// Whether a directory takes a new file (made and removed again).
 fn writable(dir: &Path) -> std::result::Result<(), String> {
     let probe = dir.join(format!(".ferrovol-doctor-{}", std::process::id()));
-    fs::write(&probe, b"ferrovol doctor\n").map_err(|e| format!("cannot create a file: {e}"))?;
+    fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&probe)
+        .and_then(|mut file| std::io::Write::write_all(&mut file, b"ferrovol doctor\n"))
+        .map_err(|e| format!("cannot create a file: {e}"))?;
     fs::remove_file(&probe).map_err(|e| format!("cannot remove {}: {e}", probe.display()))
 }
 

@@ -14,10 +14,16 @@
 //! half-way through making what gc would take for an orphan. `--dry-run` takes no lock:
 //! it may list the storage of a CreateVolume running at that moment.
 //!
+//! gc refuses a pool whose owner marker (`POOL/.ferrovol-state`, written by the driver at
+//! start) names another state directory: judged by the wrong records, every file would
+//! look like an orphan. Any mount of a staged volume's device is kept, also ones that no
+//! record names (kubelet's subPath binds and block maps).
+//!
 //! # Limitations
-//! A state directory with stage records but no volume records belongs to a node-only
-//! process whose controller keeps its records elsewhere: gc then keeps every backing
-//! file (it cannot tell orphans from volumes), and says so.
+//! A state directory without volume records (a node-only process whose controller keeps
+//! its records elsewhere, or a pool with no volumes left) makes gc keep every backing
+//! file, and say so. An unmount or detach that hangs on a dead device holds the
+//! operations lock, so the driver answers ABORTED until gc is killed.
 
 use std::collections::BTreeMap;
 use std::fs::{self, File};
@@ -27,7 +33,9 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use super::{json, table, Output, Paths, Records, Report};
-use crate::backend::loopfile::{snapshot_dir_in, snapshot_of_file, volume_of_file};
+use crate::backend::loopfile::{
+    read_owner, snapshot_dir_in, snapshot_of_file, volume_of_file, OWNER_FILE,
+};
 use crate::backend::{Backend, LoopBackend};
 use crate::error::{Error, Result};
 use crate::locks::GATE_FILE;
@@ -78,11 +86,36 @@ pub struct Finding {
     pub error: Option<String>,
 }
 
+/// Refuses a pool whose owner marker names another state directory (or none): judged by
+/// the wrong records, every file would look like an orphan.
+fn check_owner(pool: &Path, state_dir: &Path) -> Result<()> {
+    let state = fs::canonicalize(state_dir)
+        .map_err(|e| Error::io("resolve state directory", state_dir, e))?;
+    match read_owner(pool)? {
+        Some(owner) if owner == state => Ok(()),
+        Some(owner) => Err(Error::FailedPrecondition(format!(
+            "pool {} belongs to the driver whose state directory is {}, not {}: pass \
+             --state-dir {}",
+            pool.display(),
+            owner.display(),
+            state.display(),
+            owner.display()
+        ))),
+        None => Err(Error::FailedPrecondition(format!(
+            "pool {} names no state directory ({} is missing): start the driver on it once",
+            pool.display(),
+            OWNER_FILE
+        ))),
+    }
+}
+
 /// Takes the operations lock exclusively, waiting up to `wait` for running operations.
 fn lock_out_operations(state_dir: &Path, wait: Duration) -> Result<File> {
     let path = state_dir.join(GATE_FILE);
     let file = flock::open(&path)?;
-    let deadline = Instant::now() + wait;
+    let deadline = Instant::now()
+        .checked_add(wait)
+        .unwrap_or_else(|| Instant::now() + Duration::from_secs(3600));
     loop {
         if flock::try_lock(&file, flock::Kind::Exclusive, &path)? {
             return Ok(file);
@@ -143,9 +176,10 @@ pub fn collect(paths: &Paths, dry_run: bool, wait: Duration) -> Result<Vec<Findi
     } else {
         Some(lock_out_operations(&paths.state_dir, wait)?)
     };
-    let records = Records::read(paths)?;
     let pool = fs::canonicalize(&paths.pool_dir)
         .map_err(|e| Error::io("resolve pool directory", &paths.pool_dir, e))?;
+    check_owner(&pool, &paths.state_dir)?;
+    let records = Records::read(paths)?;
     let loops = PoolLoops::read(&pool)?;
     let mut findings = Vec::new();
 
@@ -157,12 +191,12 @@ pub fn collect(paths: &Paths, dry_run: bool, wait: Duration) -> Result<Vec<Findi
             continue;
         };
         let (_, _, volume) = &loops.devices[&number];
+        // Any mount of a staged volume's device stays: besides the staging path and the
+        // targets the records name, kubelet makes its own (subPath binds, the block
+        // volume map) that only it knows.
         let owned = volume
             .as_deref()
-            .and_then(|id| records.stage_of(id))
-            .is_some_and(|s| {
-                s.staging_path == entry.mount_point || s.targets.contains_key(&entry.mount_point)
-            });
+            .is_some_and(|id| records.stage_of(id).is_some());
         if !owned {
             stale_mounts.push(entry);
         }
@@ -213,7 +247,9 @@ pub fn collect(paths: &Paths, dry_run: bool, wait: Duration) -> Result<Vec<Findi
     }
 
     // Files without records.
-    let node_only_state = records.volumes.is_empty() && !records.staged.is_empty();
+    // No volume records at all: a node-only state directory, or a pool whose volumes are
+    // all gone. Either way no file can be told from a volume: keep them.
+    let no_volume_records = records.volumes.is_empty();
     for entry in fs::read_dir(&pool).map_err(|e| Error::io("list pool", &pool, e))? {
         let entry = entry.map_err(|e| Error::io("list pool", &pool, e))?;
         let name = entry.file_name();
@@ -225,12 +261,12 @@ pub fn collect(paths: &Paths, dry_run: bool, wait: Duration) -> Result<Vec<Findi
         if known {
             continue;
         }
-        let (action, reason) = if node_only_state {
+        let (action, reason) = if no_volume_records {
             (
                 Action::Kept,
                 format!(
-                    "no record of volume {id} here, but {} holds no volume records at all (a \
-                     node-only state directory?): run gc with the controller's --state-dir",
+                    "no record of volume {id}, but {} holds no volume records at all; remove \
+                     the file by hand if it is really unused",
                     paths.state_dir.display()
                 ),
             )

@@ -3,8 +3,9 @@
 //!
 //! They read the driver's durable records (never its in-memory state, so they work
 //! beside a running driver and without one) and the machine itself (sysfs, mountinfo).
-//! Only `gc` without `--dry-run` changes anything, and only while it holds the lock that
-//! keeps it apart from the driver's operations (see [`crate::locks::Gate`]).
+//! Only `gc` without `--dry-run` removes anything, and only while it holds the lock that
+//! keeps it apart from the driver's operations (see [`crate::locks::Gate`]); `doctor`
+//! creates and removes one probe file in each directory it checks.
 //!
 //! Each command returns a [`Report`]: the text to print, as a table for people or JSON
 //! for scripts, and whether it found a problem (the exit status).

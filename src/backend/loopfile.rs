@@ -45,6 +45,33 @@ pub struct LoopBackend {
     reflinks: bool,
 }
 
+/// The file in a pool that names the state directory of the driver that uses the pool, so
+/// that `ferrovol gc` never judges a pool's files by another directory's records.
+pub const OWNER_FILE: &str = ".ferrovol-state";
+
+/// Records `state_dir` (canonical) as the pool's owner.
+///
+/// # Errors
+/// `Io` when the directory cannot be resolved or the marker written.
+pub fn write_owner(pool_dir: &Path, state_dir: &Path) -> Result<()> {
+    let state = fs::canonicalize(state_dir).map_err(|e| Error::io("resolve", state_dir, e))?;
+    let text = format!("{}\n", state.display());
+    crate::store::write_atomically(pool_dir, OWNER_FILE, text.as_bytes())
+}
+
+/// The state directory recorded as the pool's owner; `None` when there is no marker.
+///
+/// # Errors
+/// `Io` when the marker exists but cannot be read.
+pub fn read_owner(pool_dir: &Path) -> Result<Option<PathBuf>> {
+    let path = pool_dir.join(OWNER_FILE);
+    match fs::read_to_string(&path) {
+        Ok(text) => Ok(Some(PathBuf::from(text.trim_end_matches('\n')))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(Error::io("read", &path, e)),
+    }
+}
+
 /// The backing file of volume `id` in the pool at `pool_dir`.
 pub fn backing_file_in(pool_dir: &Path, id: &VolumeId) -> PathBuf {
     pool_dir.join(format!("{id}{SUFFIX}"))

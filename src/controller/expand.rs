@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use tracing::info;
 
+use crate::config::Expansion;
 use crate::csi::v1::{ControllerExpandVolumeRequest, ControllerExpandVolumeResponse};
 use crate::driver::Driver;
 use crate::error::{Error, Result};
@@ -18,6 +19,13 @@ pub(super) async fn expand_volume(
     driver: &Arc<Driver>,
     req: ControllerExpandVolumeRequest,
 ) -> Result<ControllerExpandVolumeResponse> {
+    if driver.config.expansion == Expansion::Node {
+        return Err(Error::Unimplemented(
+            "ControllerExpandVolume: this driver runs with --expansion node; volumes grow through \
+             NodeExpandVolume on their node"
+                .into(),
+        ));
+    }
     let id = VolumeId::parse_ours("volume_id", &req.volume_id)?;
     let range = req
         .capacity_range

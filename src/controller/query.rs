@@ -103,12 +103,21 @@ pub(super) async fn get_capacity(
     driver: &Arc<Driver>,
     req: GetCapacityRequest,
 ) -> Result<GetCapacityResponse> {
-    validate::parameters(&req.parameters, driver.backend.kind())?;
     let zero = GetCapacityResponse {
         available_capacity: 0,
         maximum_volume_size: Some(0),
         minimum_volume_size: Some(0),
     };
+    // A class for another backend has no room here (capacity tracking asks every node
+    // about every class); other unknown parameters are still an error.
+    if req
+        .parameters
+        .get(validate::BACKEND_PARAMETER)
+        .is_some_and(|b| b != driver.backend.kind())
+    {
+        return Ok(zero);
+    }
+    validate::parameters(&req.parameters, driver.backend.kind())?;
     for (i, cap) in req.volume_capabilities.iter().enumerate() {
         validate::capability_shape(&format!("volume_capabilities[{i}]"), cap)?;
     }

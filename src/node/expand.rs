@@ -53,9 +53,6 @@ pub(super) async fn expand(
     driver
         .locked(&key, move |d| async move {
             super::require_storage(&d, &id).await?;
-            if let Some(size) = wanted {
-                grow_storage(&d, &id, size, limit).await?;
-            }
             let backing = d.backend.source_path(&id);
             let device = devices_of(&d, &backing)
                 .await?
@@ -72,10 +69,10 @@ pub(super) async fn expand(
                 .get(id.as_str())
                 .is_some_and(|r| r.targets.contains_key(&path) || r.staging_path == path);
             let (check_id, check_device, check_path) = (id.clone(), device.clone(), path.clone());
-            let (size, filesystem) = d
+            // First make sure the request names this volume's mount or device here, and
+            // only then grow anything: a wrong request changes nothing.
+            let filesystem = d
                 .blocking(move || {
-                    loopdev::refresh_capacity(&check_device)?;
-                    let size = check_device.size_bytes()?;
                     let table = mount::read_mountinfo()?;
                     let entry = mount::mount_at(&table, &check_path);
                     if loopdev::is_block_device(&check_path) {
@@ -86,7 +83,7 @@ pub(super) async fn expand(
                                 check_path.display()
                             )));
                         }
-                        return Ok((size, None));
+                        return Ok(None);
                     }
                     let entry = entry
                         .filter(|m| Path::new(&m.source) == check_device.path)
@@ -99,16 +96,26 @@ pub(super) async fn expand(
                     let fs = FsType::parse(&entry.fs_type).ok_or_else(|| {
                         Error::FailedPrecondition(format!("cannot grow a {} filesystem", entry.fs_type))
                     })?;
-                    Ok((size, Some((fs, entry.read_only()))))
+                    Ok(Some((fs, entry.read_only())))
                 })
                 .await?;
-            if let Some((fs, read_only)) = filesystem {
-                if read_only {
-                    return Err(Error::FailedPrecondition(format!(
-                        "volume {id} is mounted read-only at {}; its filesystem cannot grow there",
-                        path.display()
-                    )));
-                }
+            if let Some((_, true)) = filesystem {
+                return Err(Error::FailedPrecondition(format!(
+                    "volume {id} is mounted read-only at {}; its filesystem cannot grow there",
+                    path.display()
+                )));
+            }
+            if let Some(size) = wanted {
+                grow_storage(&d, &id, size, limit).await?;
+            }
+            let refreshed = device.clone();
+            let size = d
+                .blocking(move || {
+                    loopdev::refresh_capacity(&refreshed)?;
+                    refreshed.size_bytes()
+                })
+                .await?;
+            if let Some((fs, _)) = filesystem {
                 let needs_growth = fs != FsType::Ext4 || super::smaller_than_device(&d, &device, fs).await?;
                 if needs_growth && fs == FsType::Ext4 && !d.can_grow_mounted_ext4 {
                     return Err(Error::FailedPrecondition(format!(
@@ -145,14 +152,15 @@ async fn grow_storage(driver: &Arc<Driver>, id: &VolumeId, size: u64, limit: u64
             "volume {id} has {current} bytes, above limit_bytes {limit}; shrinking is not supported"
         )));
     }
-    if size <= current {
-        return Ok(());
+    if size > current {
+        let backend = Arc::clone(&driver.backend);
+        let grow_id = id.clone();
+        driver
+            .blocking(move || backend.expand(&grow_id, size))
+            .await?;
+        info!(capacity_bytes = size, "volume storage grown on the node");
     }
-    let backend = Arc::clone(&driver.backend);
-    let grow_id = id.clone();
-    driver
-        .blocking(move || backend.expand(&grow_id, size))
-        .await?;
+    // Also when the file grew in an earlier attempt whose record write failed.
     if let Some(mut record) = driver.volumes.get(id.as_str()) {
         if record.capacity_bytes < size {
             record.capacity_bytes = size;
@@ -162,6 +170,5 @@ async fn grow_storage(driver: &Arc<Driver>, id: &VolumeId, size: u64, limit: u64
                 .await?;
         }
     }
-    info!(capacity_bytes = size, "volume storage grown on the node");
     Ok(())
 }

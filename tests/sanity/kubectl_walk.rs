@@ -445,6 +445,42 @@ async fn expand(driver: &Driver, overlay: Overlay, mounted: &Mounted, bytes: i64
                 "NodeStageVolume on the controller-only process",
             );
             resizer_side.finish().await;
+            // The node plugin refuses controller expansion outright.
+            expect_code(
+                driver
+                    .controller()
+                    .controller_expand_volume(ControllerExpandVolumeRequest {
+                        volume_id: id.clone(),
+                        capacity_range: range(bytes, 0),
+                        ..Default::default()
+                    })
+                    .await,
+                Code::Unimplemented,
+                "ControllerExpandVolume with --expansion node",
+            );
+            // A NodeExpandVolume naming a path that is not this volume's grows nothing.
+            let elsewhere = driver.root.join("kubelet/pods/not-a-mount");
+            fs::create_dir_all(&elsewhere).expect("a plain dir");
+            expect_code(
+                driver
+                    .node()
+                    .node_expand_volume(NodeExpandVolumeRequest {
+                        volume_id: id.clone(),
+                        volume_path: elsewhere.display().to_string(),
+                        capacity_range: range(bytes * 2, 0),
+                        ..Default::default()
+                    })
+                    .await,
+                Code::NotFound,
+                "NodeExpandVolume of a path that is no mount of the volume",
+            );
+            assert_eq!(
+                fs::metadata(driver.backing_file(id))
+                    .expect("backing file")
+                    .len(),
+                u64::try_from(GIB).expect("positive"),
+                "a refused NodeExpandVolume grew the storage"
+            );
             // The trivial resizer now only updates the PV; the node plugin advertises
             // controller expansion nowhere either.
             let caps = ok(
@@ -556,6 +592,26 @@ async fn walk(overlay: Overlay, fs_type: &str) {
     );
     assert_eq!(node_info.node_id, NODE);
     assert_eq!(node_info.accessible_topology, Some(node_topology(NODE)));
+
+    // Capacity tracking asks about every class: one for another backend has no room here.
+    for (backend, has_room) in [("loop", true), ("lvm", false)] {
+        let capacity = ok(
+            driver
+                .controller()
+                .get_capacity(GetCapacityRequest {
+                    parameters: HashMap::from([("backend".to_owned(), backend.to_owned())]),
+                    accessible_topology: Some(node_topology(NODE)),
+                    ..Default::default()
+                })
+                .await,
+            "GetCapacity (external-provisioner)",
+        );
+        assert_eq!(
+            capacity.available_capacity > 0,
+            has_room,
+            "backend {backend}"
+        );
+    }
 
     // kubectl apply -f pvc.yaml -f pod.yaml
     let mode = rwo_mode(&driver).await;

@@ -278,6 +278,19 @@ async fn gc_removes_only_what_no_record_owns() {
         "losetup",
         &["-f", "--show", &idle_file.display().to_string()],
     );
+    // A mount of a staged volume's device that no record names, as kubelet makes for a
+    // subPath: it is kubelet's, and stays.
+    fs::create_dir_all(target.join("sub")).expect("a subdir");
+    let subpath = d.root.join("subpath-bind");
+    fs::create_dir_all(&subpath).expect("subpath dir");
+    run(
+        "mount",
+        &[
+            "--bind",
+            &target.join("sub").display().to_string(),
+            &subpath.display().to_string(),
+        ],
+    );
     // Not the driver's names: never touched.
     let foreign = [d.pool.join("notes.txt"), d.pool.join("fv-short.img")];
     for path in &foreign {
@@ -301,6 +314,28 @@ async fn gc_removes_only_what_no_record_owns() {
             .map(|(k, p)| (k.clone(), p.clone(), action.to_owned()))
             .collect()
     };
+
+    // Judged by another state directory's records, everything would look orphaned: gc
+    // refuses a pool that names another owner.
+    let wrong_state = d.root.join("wrong-state");
+    fs::create_dir_all(&wrong_state).expect("an empty state dir");
+    let out = Command::new(env!("CARGO_BIN_EXE_ferrovol"))
+        .args(["gc", "--state-dir"])
+        .arg(&wrong_state)
+        .arg("--pool-dir")
+        .arg(&d.pool)
+        .output()
+        .expect("run gc");
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "gc ran with a foreign state dir"
+    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--state-dir"));
+    assert!(
+        orphan.exists() && idle_file.exists(),
+        "the refused gc removed something"
+    );
 
     // --dry-run lists exactly the mess and changes nothing.
     let dry = json_of(&d, &["gc", "--dry-run", "--output", "json"]);
@@ -341,6 +376,11 @@ async fn gc_removes_only_what_no_record_owns() {
         mount_at(&target).is_some(),
         "gc unmounted a published volume"
     );
+    assert!(
+        mount_at(&subpath).is_some(),
+        "gc unmounted kubelet's subPath bind"
+    );
+    run("umount", &[&subpath.display().to_string()]);
     verify_files(&target, 5);
     assert!(
         d.loop_of(&kept.volume_id).is_some(),

@@ -2,9 +2,14 @@
 //! rendered with `kubectl kustomize` and every object validated against the Kubernetes OpenAPI
 //! schemas (kubernetes-validate, strict) plus the cross-references no schema sees (driver name,
 //! CSI socket, registration path, RBAC per sidecar, privileges, images, resources, expansion and
-//! attach layout); deploy/examples likewise. The last test breaks the manifests on purpose, one
-//! way at a time, and requires the validator to reject every breakage with the check meant for
-//! it, so that a validator that passes everything cannot go unnoticed.
+//! attach layout, the metrics Service against the pods it selects); deploy/examples likewise.
+//! deploy/kubernetes/monitoring is rendered too: its ServiceMonitor is checked against a schema
+//! written from the CRD and against the base's metrics Service, and every PromQL expression of its
+//! Grafana dashboard against the metrics the driver declares (the table in src/metrics.rs's
+//! module doc), so a renamed metric or a label no metric has fails here. The last test breaks the
+//! manifests, the dashboard and that table on purpose, one way at a time, and requires the
+//! validator to reject every breakage with the check meant for it, so that a validator that
+//! passes everything cannot go unnoticed.
 //!
 //! The work is done by tests/deploy/validate.py. It needs kubectl, PyYAML and
 //! kubernetes-validate, which scripts/test.sh installs; without them these tests fail, naming
@@ -18,7 +23,7 @@ const VALIDATOR: &str = "tests/deploy/validate.py";
 const MISSING_TOOL: i32 = 3;
 /// Fewer caught mutations than this means the list was cut down: each one is a proof that a
 /// check can fail.
-const MIN_MUTATIONS: usize = 60;
+const MIN_MUTATIONS: usize = 130;
 
 fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
@@ -91,6 +96,15 @@ fn multi_node_overlay_renders_and_validates() {
 #[test]
 fn examples_validate() {
     assert_passes(&["examples", "deploy/examples"]);
+}
+
+#[test]
+fn monitoring_renders_and_validates() {
+    let stdout = assert_passes(&["monitoring", "deploy/kubernetes/monitoring"]);
+    assert!(
+        stdout.contains("ServiceMonitor") && stdout.contains("grafana-dashboard.json"),
+        "{stdout}"
+    );
 }
 
 #[test]

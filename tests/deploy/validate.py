@@ -3,16 +3,24 @@
 
     validate.py overlay DIR...   render each kustomize DIR with `kubectl kustomize` and check it
     validate.py examples DIR     check deploy/examples against the schemas and the base
-    validate.py mutations        break the rendered overlays and examples on purpose, one way at a
-                                 time, and require that every breakage is rejected by the check
-                                 meant to catch it (plus the fixtures under tests/deploy/fixtures)
+    validate.py monitoring DIR   render the kustomize DIR (deploy/kubernetes/monitoring) and check
+                                 its ServiceMonitor against the base's metrics Service, and its
+                                 grafana-dashboard.json against the driver's metrics (the table in
+                                 src/metrics.rs's module doc)
+    validate.py mutations        break the rendered overlays, the examples, the monitoring
+                                 directory, its dashboard and the metrics table on purpose, one
+                                 way at a time, and require that every breakage is rejected by the
+                                 check meant to catch it (plus the fixtures under
+                                 tests/deploy/fixtures)
     validate.py preflight        report missing tools (exit 3) and nothing else
 
 Every object is validated against the Kubernetes OpenAPI schemas that kubernetes-validate bundles,
 in strict mode (unknown fields fail), for the oldest and the newest Kubernetes version named below.
-CRD objects (VolumeSnapshotClass, VolumeSnapshot) are checked against schemas written here from
-the CRDs' field lists. Then the cross-references no schema sees: driver names, the CSI socket, the
-registration path, RBAC per sidecar, privileges, images, resources, expansion and attach layout.
+CRD objects (VolumeSnapshotClass, VolumeSnapshot, ServiceMonitor) are checked against schemas
+written here from the CRDs' field lists. Then the cross-references no schema sees: driver names,
+the CSI socket, the registration path, RBAC per sidecar, privileges, images, resources, expansion
+and attach layout, the metrics Service against the pods it selects; for monitoring, the
+ServiceMonitor against that Service and the dashboard's PromQL against the driver's metrics.
 
 Exit status: 0 all checks passed, 1 a check failed, 2 bad usage, 3 a tool is missing.
 """
@@ -1188,6 +1196,109 @@ def check_rbac(objs, pods, f):
                   "has grants but no pod uses it")
 
 
+def template_labels(owner):
+    """The labels a workload gives its pods."""
+    if owner.get("kind") == "Pod":
+        return (owner.get("metadata") or {}).get("labels") or {}
+    template = (owner.get("spec") or {}).get("template") or {}
+    return (template.get("metadata") or {}).get("labels") or {}
+
+
+def selector_matches(selector, labels):
+    """A Kubernetes label selector (matchLabels and matchExpressions) against labels."""
+    for key, value in (selector.get("matchLabels") or {}).items():
+        if labels.get(key) != value:
+            return False
+    for e in selector.get("matchExpressions") or []:
+        key, op, values = e.get("key"), e.get("operator"), e.get("values") or []
+        if op == "In" and labels.get(key) not in values:
+            return False
+        if op == "NotIn" and key in labels and labels[key] in values:
+            return False
+        if op == "Exists" and key not in labels:
+            return False
+        if op == "DoesNotExist" and key in labels:
+            return False
+        if op not in ("In", "NotIn", "Exists", "DoesNotExist"):
+            return False
+    return True
+
+
+METRICS_PORT = "metrics"
+
+
+def metrics_services(objs):
+    """Services labelled app.kubernetes.io/component: metrics (base/metrics-service.yaml)."""
+    return [o for o in one(objs, "Service")
+            if ((o.get("metadata") or {}).get("labels") or {}).get(
+                "app.kubernetes.io/component") == "metrics"]
+
+
+def check_metrics_service(objs, pods, f):
+    """The headless Service Prometheus discovers the drivers through: it selects every pod that
+    runs ferrovol and only those, and its ports reach the port --metrics-address listens on."""
+    services = metrics_services(objs)
+    if len(services) != 1:
+        f.add("metrics-service", "deployment",
+              f"expected one Service labelled app.kubernetes.io/component: metrics (the "
+              f"ServiceMonitor selects it), found {len(services)}")
+        return
+    svc = services[0]
+    where = ref(svc)
+    spec = svc.get("spec") or {}
+    if spec.get("clusterIP") != "None":
+        f.add("metrics-service", where, "must be headless (clusterIP: None): Prometheus scrapes "
+                                        "each driver, not one picked by a load balancer")
+    selector = spec.get("selector") or {}
+    if not selector:
+        f.add("metrics-service", where, "has no selector: no pod would be scraped")
+        return
+    namespace = (svc.get("metadata") or {}).get("namespace")
+    selected = [p for p in pods if p.namespace == namespace and
+                selector_matches({"matchLabels": selector}, template_labels(p.owner))]
+    if not any(p.of_kind("ferrovol") for p in selected):
+        f.add("metrics-service", where,
+              f"selector {selector} matches no pod that runs ferrovol: nothing would be scraped")
+    for p in pods:
+        if p.of_kind("ferrovol") and p.kind != "Pod" and p not in selected:
+            f.add("metrics-service", p.where,
+                  f"runs ferrovol but {where} (selector {selector}) does not select it: its "
+                  "metrics would never be scraped")
+    for p in selected:
+        if not p.of_kind("ferrovol"):
+            f.add("metrics-service", p.where, f"selected by {where} but runs no ferrovol")
+    ports = spec.get("ports") or []
+    if len([sp for sp in ports if sp.get("name") == METRICS_PORT]) != 1:
+        f.add("metrics-service", where,
+              f"needs one port named {METRICS_PORT!r} (the ServiceMonitor's endpoint port)")
+    for sp in ports:
+        target = sp.get("targetPort", sp.get("port"))
+        for p in selected:
+            fv = p.ferrovol()
+            if fv is None:
+                continue
+            declared = fv.raw.get("ports") or []
+            key = "name" if isinstance(target, str) else "containerPort"
+            found = [cp for cp in declared if cp.get(key) == target]
+            if len(found) != 1:
+                f.add("metrics-service", fv.where,
+                      f"{where} port {sp.get('name')!r} targets {target!r}, which this "
+                      "container does not declare (declared: "
+                      f"{[(cp.get('name'), cp.get('containerPort')) for cp in declared]})")
+                continue
+            address = fv.flags.get("metrics-address")
+            listening = listen_port(address) if isinstance(address, str) else None
+            if listening != found[0].get("containerPort"):
+                f.add("metrics-service", fv.where,
+                      f"{where} port {sp.get('name')!r} reaches containerPort "
+                      f"{found[0].get('containerPort')}, but --metrics-address={address} "
+                      f"listens on {listening}")
+            if found[0].get("protocol", "TCP") != sp.get("protocol", "TCP"):
+                f.add("metrics-service", fv.where,
+                      f"{where} port {sp.get('name')!r} and the container port differ in "
+                      "protocol")
+
+
 def guarded(f, check, *args):
     """Runs one check; a crash is reported as a finding of its own, never as a pass."""
     try:
@@ -1212,6 +1323,7 @@ def check_deployment(objs, versions):
     guarded(f, check_registrar, pods, driver, f)
     guarded(f, check_layout, objs, pods, driver, f)
     guarded(f, check_rbac, objs, pods, f)
+    guarded(f, check_metrics_service, objs, pods, f)
     return f
 
 
@@ -1336,6 +1448,674 @@ def check_examples(examples, base_objs, versions, readme_text):
         for name in sorted({n for n, _ in examples}):
             if name not in readme_text:
                 f.add("examples-readme", "examples/README.md", f"does not mention {name}")
+    return f
+
+
+# --------------------------------------------------------------------------------------------
+# Monitoring: the ServiceMonitor and the Grafana dashboard of deploy/kubernetes/monitoring
+
+MONITORING_DIR = REPO / "deploy" / "kubernetes" / "monitoring"
+DASHBOARD_FILE = "grafana-dashboard.json"
+METRICS_SOURCE = REPO / "src" / "metrics.rs"
+
+# Labels the Prometheus operator puts on every target of a ServiceMonitor; a relabeling of
+# the ServiceMonitor may add more (ferrovol's adds `node` and `component`).
+OPERATOR_TARGET_LABELS = frozenset({"instance", "job", "namespace", "service", "pod",
+                                    "container", "endpoint"})
+# Series Prometheus records itself for every target; they carry the target labels only.
+SCRAPE_SERIES = frozenset({"up", "scrape_duration_seconds", "scrape_samples_scraped",
+                           "scrape_samples_post_metric_relabeling", "scrape_series_added"})
+# Discovery labels a target relabeling can read for a ServiceMonitor (roles endpoints and
+# endpointslice, with the pod and service of each endpoint), after Prometheus'
+# kubernetes_sd_config documentation. The *_label_<name> ones are checked against the labels
+# the objects really have.
+META_LABELS = frozenset({
+    "__address__", "__scheme__", "__metrics_path__", "__scrape_interval__",
+    "__scrape_timeout__", "job", "instance",
+    "__meta_kubernetes_namespace",
+    "__meta_kubernetes_endpoints_name", "__meta_kubernetes_endpoint_hostname",
+    "__meta_kubernetes_endpoint_node_name", "__meta_kubernetes_endpoint_ready",
+    "__meta_kubernetes_endpoint_port_name", "__meta_kubernetes_endpoint_port_protocol",
+    "__meta_kubernetes_endpoint_address_target_kind",
+    "__meta_kubernetes_endpoint_address_target_name",
+    "__meta_kubernetes_endpointslice_name",
+    "__meta_kubernetes_endpointslice_endpoint_hostname",
+    "__meta_kubernetes_endpointslice_endpoint_node_name",
+    "__meta_kubernetes_endpointslice_port_name",
+    "__meta_kubernetes_endpointslice_port_protocol",
+    "__meta_kubernetes_pod_name", "__meta_kubernetes_pod_ip",
+    "__meta_kubernetes_pod_container_name", "__meta_kubernetes_pod_container_id",
+    "__meta_kubernetes_pod_container_image", "__meta_kubernetes_pod_container_port_name",
+    "__meta_kubernetes_pod_container_port_number",
+    "__meta_kubernetes_pod_container_port_protocol", "__meta_kubernetes_pod_container_init",
+    "__meta_kubernetes_pod_ready", "__meta_kubernetes_pod_phase",
+    "__meta_kubernetes_pod_node_name", "__meta_kubernetes_pod_host_ip",
+    "__meta_kubernetes_pod_uid", "__meta_kubernetes_pod_controller_kind",
+    "__meta_kubernetes_pod_controller_name",
+    "__meta_kubernetes_service_name", "__meta_kubernetes_service_cluster_ip",
+    "__meta_kubernetes_service_port_name", "__meta_kubernetes_service_port_number",
+    "__meta_kubernetes_service_port_protocol", "__meta_kubernetes_service_type",
+})
+GRAFANA_BUILTINS = frozenset({"__rate_interval", "__interval", "__interval_ms", "__range",
+                              "__range_s", "__range_ms"})
+
+_DURATION = {"type": "string", "pattern": r"^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?"
+                                          r"(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$"}
+_STRINGS = {"type": "array", "items": {"type": "string"}}
+_ANY_OBJECT = {"type": "object"}  # fields ferrovol leaves alone (credentials, TLS, proxies)
+_RELABEL_ACTIONS = [a for pair in (("replace", "Replace"), ("keep", "Keep"), ("drop", "Drop"),
+                                   ("hashmod", "HashMod"), ("labelmap", "LabelMap"),
+                                   ("labeldrop", "LabelDrop"), ("labelkeep", "LabelKeep"),
+                                   ("lowercase", "Lowercase"), ("uppercase", "Uppercase"),
+                                   ("keepequal", "KeepEqual"), ("dropequal", "DropEqual"))
+                    for a in pair]
+_RELABELINGS = {"type": "array", "items": {
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {
+        "action": {"enum": _RELABEL_ACTIONS},
+        "modulus": {"type": "integer"},
+        "regex": {"type": "string"},
+        "replacement": {"type": "string"},
+        "separator": {"type": "string"},
+        "sourceLabels": {"type": "array",
+                         "items": {"type": "string", "pattern": r"^[a-zA-Z_][a-zA-Z0-9_]*$"}},
+        "targetLabel": {"type": "string"},
+    },
+}}
+_SCRAPE_PROTOCOLS = ["PrometheusProto", "OpenMetricsText0.0.1", "OpenMetricsText1.0.0",
+                     "PrometheusText0.0.4", "PrometheusText1.0.0"]
+
+# Written from the monitoring.coreos.com/v1 ServiceMonitor CRD of the Prometheus operator
+# (v0.84): every field of spec and of an endpoint, with the types and patterns of the ones a
+# manifest here sets; unknown fields are rejected as the API server's structural schema would.
+CRD_SCHEMAS[("monitoring.coreos.com/v1", "ServiceMonitor")] = {
+    "type": "object",
+    "required": ["apiVersion", "kind", "metadata", "spec"],
+    "additionalProperties": False,
+    "properties": {
+        "apiVersion": {"const": "monitoring.coreos.com/v1"},
+        "kind": {"const": "ServiceMonitor"},
+        "metadata": _METADATA,
+        "spec": {
+            "type": "object",
+            "required": ["endpoints", "selector"],
+            "additionalProperties": False,
+            "properties": {
+                "attachMetadata": {"type": "object", "additionalProperties": False,
+                                   "properties": {"node": {"type": "boolean"}}},
+                "bodySizeLimit": {"type": "string"},
+                "convertClassicHistogramsToNHCB": {"type": "boolean"},
+                "endpoints": {"type": "array", "items": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "properties": {
+                        "authorization": _ANY_OBJECT,
+                        "basicAuth": _ANY_OBJECT,
+                        "bearerTokenFile": {"type": "string"},
+                        "bearerTokenSecret": _ANY_OBJECT,
+                        "enableHttp2": {"type": "boolean"},
+                        "filterRunning": {"type": "boolean"},
+                        "followRedirects": {"type": "boolean"},
+                        "honorLabels": {"type": "boolean"},
+                        "honorTimestamps": {"type": "boolean"},
+                        "interval": _DURATION,
+                        "metricRelabelings": _RELABELINGS,
+                        "noProxy": {"type": "string"},
+                        "oauth2": _ANY_OBJECT,
+                        "params": {"type": "object", "additionalProperties": _STRINGS},
+                        "path": {"type": "string"},
+                        "port": {"type": "string"},
+                        "proxyConnectHeader": _ANY_OBJECT,
+                        "proxyFromEnvironment": {"type": "boolean"},
+                        "proxyUrl": {"type": "string", "pattern": r"^(http|https|socks5)://.+$"},
+                        "relabelings": _RELABELINGS,
+                        "scheme": {"enum": ["http", "https"]},
+                        "scrapeTimeout": _DURATION,
+                        "targetPort": {"type": ["integer", "string"]},
+                        "tlsConfig": _ANY_OBJECT,
+                        "trackTimestampsStaleness": {"type": "boolean"},
+                    },
+                }},
+                "fallbackScrapeProtocol": {"enum": _SCRAPE_PROTOCOLS},
+                "jobLabel": {"type": "string"},
+                "keepDroppedTargets": {"type": "integer"},
+                "labelLimit": {"type": "integer"},
+                "labelNameLengthLimit": {"type": "integer"},
+                "labelValueLengthLimit": {"type": "integer"},
+                "namespaceSelector": {"type": "object", "additionalProperties": False,
+                                      "properties": {"any": {"type": "boolean"},
+                                                     "matchNames": _STRINGS}},
+                "nativeHistogramBucketLimit": {"type": "integer"},
+                "nativeHistogramMinBucketFactor": {"type": ["integer", "string"]},
+                "podTargetLabels": _STRINGS,
+                "sampleLimit": {"type": "integer"},
+                "scrapeClass": {"type": "string", "minLength": 1},
+                "scrapeClassicHistograms": {"type": "boolean"},
+                "scrapeProtocols": {"type": "array", "items": {"enum": _SCRAPE_PROTOCOLS}},
+                "selector": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "properties": {
+                        "matchLabels": {"type": "object",
+                                        "additionalProperties": {"type": "string"}},
+                        "matchExpressions": {"type": "array", "items": {
+                            "type": "object",
+                            "required": ["key", "operator"],
+                            "additionalProperties": False,
+                            "properties": {
+                                "key": {"type": "string"},
+                                "operator": {"enum": ["In", "NotIn", "Exists",
+                                                      "DoesNotExist"]},
+                                "values": _STRINGS,
+                            },
+                        }},
+                    },
+                },
+                "selectorMechanism": {"enum": ["RelabelConfig", "RoleSelector"]},
+                "targetLabels": _STRINGS,
+                "targetLimit": {"type": "integer"},
+            },
+        },
+    },
+}
+
+
+def driver_metrics(source):
+    """{metric: (type, labels)} from the table in src/metrics.rs's module doc, whose lines read
+    //! | `ferrovol_rpc_requests_total` | counter | `method`, `code` |"""
+    out = {}
+    for line in source.splitlines():
+        m = re.match(r"^//!\s*\|\s*`(ferrovol_[a-z0-9_]+)`\s*\|\s*([a-z]+)\s*\|(.*)\|\s*$", line)
+        if m:
+            labels = frozenset(re.findall(r"`([a-zA-Z_][a-zA-Z0-9_]*)`", m.group(3)))
+            out[m.group(1)] = (m.group(2), labels)
+    return out
+
+
+def grpc_codes(source):
+    """The code label's values: the names code_name in src/metrics.rs gives gRPC codes."""
+    return frozenset(re.findall(r'Code::\w+\s*=>\s*"([A-Z_]+)"', source))
+
+
+_SUFFIX_LABELS = {"histogram": {"_bucket": {"le"}, "_sum": set(), "_count": set()},
+                  "summary": {"_sum": set(), "_count": set()}}
+
+
+def series_of(name, metrics):
+    """(metric, its type, labels of this series) for a series name the driver exposes, with a
+    histogram's _bucket/_sum/_count mapped to the histogram; None when it exposes no such."""
+    if name in metrics:
+        kind, labels = metrics[name]
+        return name, kind, set(labels) | ({"quantile"} if kind == "summary" else set())
+    for suffix in ("_bucket", "_sum", "_count"):
+        base = name[:-len(suffix)]
+        if name.endswith(suffix) and base in metrics:
+            kind, labels = metrics[base]
+            extra = _SUFFIX_LABELS.get(kind, {}).get(suffix)
+            if extra is not None:
+                return base, kind, set(labels) | extra
+    return None
+
+
+def sanitized(label):
+    """A Kubernetes label as Prometheus names it in __meta_kubernetes_*_label_<name>."""
+    return re.sub(r"[^a-zA-Z0-9_]", "_", label)
+
+
+def duration_seconds(text):
+    m = re.fullmatch(r"(?:(\d+)h)?(?:(\d+)m(?!s))?(?:(\d+)s)?(?:(\d+)ms)?", str(text or ""))
+    if not m or not text:
+        return None
+    h, mi, s, ms = (int(g or 0) for g in m.groups())
+    return h * 3600 + mi * 60 + s + ms / 1000
+
+
+def check_servicemonitors(objs, service, pod_labels, f):
+    """The ServiceMonitors reach the metrics Service (namespace, selector, port, path) and their
+    relabelings read discovery labels that exist. Returns (target labels, job names)."""
+    target_labels, jobs = set(OPERATOR_TARGET_LABELS), set()
+    monitors = one(objs, "ServiceMonitor")
+    if not monitors:
+        f.add("servicemonitor", "monitoring", "no ServiceMonitor")
+    if service is None:
+        f.add("servicemonitor", "monitoring",
+              "the base renders no metrics Service (app.kubernetes.io/component: metrics)")
+        return target_labels, jobs
+    smeta = service.get("metadata") or {}
+    sname, snamespace = smeta.get("name"), smeta.get("namespace")
+    slabels = smeta.get("labels") or {}
+    sports = {p.get("name") for p in (service.get("spec") or {}).get("ports") or []}
+    for o in objs:
+        if o.get("kind") not in CLUSTER_SCOPED and \
+                (o.get("metadata") or {}).get("namespace") != snamespace:
+            f.add("namespace", ref(o), f"must name namespace {snamespace!r}: no namespace "
+                                       "transformer is used (see the base kustomization)")
+    for sm in monitors:
+        where = ref(sm)
+        spec = sm.get("spec") or {}
+        own_ns = (sm.get("metadata") or {}).get("namespace")
+        nsel = spec.get("namespaceSelector") or {}
+        if nsel.get("any") is True:
+            pass
+        elif "matchNames" in nsel:
+            if snamespace not in (nsel.get("matchNames") or []):
+                f.add("servicemonitor", where, f"namespaceSelector.matchNames "
+                                               f"{nsel.get('matchNames')} leaves out "
+                                               f"{snamespace!r}, where Service {sname} is")
+        elif own_ns != snamespace:
+            f.add("servicemonitor", where, f"without a namespaceSelector it looks in its own "
+                                           f"namespace {own_ns!r}, not {snamespace!r}")
+        selector = spec.get("selector") or {}
+        if not selector_matches(selector, slabels):
+            f.add("servicemonitor", where, f"selector {selector} does not match the labels "
+                                           f"{slabels} of Service {snamespace}/{sname}")
+        job_label = spec.get("jobLabel")
+        jobs.add(slabels.get(job_label, sname) if job_label else sname)
+        for label in spec.get("targetLabels") or []:
+            target_labels.add(sanitized(label))
+        for label in spec.get("podTargetLabels") or []:
+            target_labels.add(sanitized(label))
+            if any(label not in labels for labels in pod_labels):
+                f.add("servicemonitor", where, f"podTargetLabels: {label!r} is not on every "
+                                               "ferrovol pod")
+        endpoints = spec.get("endpoints") or []
+        if not endpoints:
+            f.add("servicemonitor", where, "no endpoints")
+        for i, ep in enumerate(endpoints):
+            at = f"{where} endpoints[{i}]"
+            if ep.get("port") not in sports:
+                f.add("servicemonitor", at, f"port {ep.get('port')!r} is not a port of Service "
+                                            f"{sname} (it has {sorted(sports)})")
+            if ep.get("path", "/metrics") != "/metrics":
+                f.add("servicemonitor", at, f"path {ep.get('path')!r}: the driver serves "
+                                            "/metrics")
+            if ep.get("scheme", "http") != "http":
+                f.add("servicemonitor", at, "the driver serves plain http")
+            interval = duration_seconds(ep.get("interval"))
+            if interval is None or not 5 <= interval <= 300:
+                f.add("servicemonitor", at, f"interval {ep.get('interval')!r}: set one between "
+                                            "5s and 5m (a scrape measures the pool)")
+            timeout = duration_seconds(ep.get("scrapeTimeout")) if "scrapeTimeout" in ep \
+                else None
+            if "scrapeTimeout" in ep and (timeout is None or interval is None or
+                                          timeout > interval):
+                f.add("servicemonitor", at, f"scrapeTimeout {ep.get('scrapeTimeout')!r} must "
+                                            f"not exceed the interval {ep.get('interval')!r}")
+            for r in ep.get("relabelings") or []:
+                for source in r.get("sourceLabels") or []:
+                    problem = meta_label_problem(source, slabels, pod_labels)
+                    if problem:
+                        f.add("servicemonitor", at, f"relabeling reads {source}: {problem}")
+                action = str(r.get("action", "replace")).lower()
+                target = r.get("targetLabel")
+                if action in ("replace", "hashmod", "lowercase", "uppercase") and not target:
+                    f.add("servicemonitor", at, f"a {action} relabeling needs a targetLabel")
+                if target and not target.startswith("__") and \
+                        re.fullmatch(r"[a-zA-Z_][a-zA-Z0-9_]*", target):
+                    target_labels.add(target)
+    return target_labels, jobs
+
+
+def meta_label_problem(source, service_labels, pod_labels):
+    """Why a relabeling's source label would be empty for ferrovol's targets, or None."""
+    pods, service = "every ferrovol pod", "the metrics Service"
+    for prefix, labels, what in (("__meta_kubernetes_pod_label_", None, pods),
+                                 ("__meta_kubernetes_pod_labelpresent_", None, pods),
+                                 ("__meta_kubernetes_service_label_", service_labels, service),
+                                 ("__meta_kubernetes_service_labelpresent_", service_labels,
+                                  service)):
+        if source.startswith(prefix):
+            name = source[len(prefix):]
+            sets = [set(map(sanitized, ls)) for ls in (pod_labels if labels is None
+                                                       else [labels])]
+            if not sets or any(name not in s for s in sets):
+                return f"not a label of {what}"
+            return None
+    for prefix in ("__meta_kubernetes_pod_annotation", "__meta_kubernetes_service_annotation",
+                   "__meta_kubernetes_endpoints_label", "__meta_kubernetes_endpointslice_label",
+                   "__param_", "__tmp_"):
+        if source.startswith(prefix):
+            return None
+    if source in META_LABELS:
+        return None
+    return "no such discovery label (a typo leaves the target label empty)"
+
+
+_PROMQL_STRING = re.compile(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'|`[^`]*`')
+_MATCHER = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*(=~|!~|!=|=)\s*"__S(\d+)__"\s*(?:,|$)')
+_SELECTOR = re.compile(r'([a-zA-Z_:][a-zA-Z0-9_:]*)?\s*\{([^{}]*)\}')
+_GROUPING = re.compile(r'\b(by|without|on|ignoring|group_left|group_right)\s*\(([^()]*)\)')
+_DRIVER_SERIES = re.compile(r"\bferrovol_[a-z_]+")
+_VARIABLE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::[a-z]+)?\}|\$([A-Za-z_][A-Za-z0-9_]*)"
+                       r"|\[\[([A-Za-z_][A-Za-z0-9_]*)\]\]")
+_LEGEND = re.compile(r"\{\{\s*([^}]*?)\s*\}\}")
+PROMQL_KEYWORDS = frozenset({"by", "without", "on", "ignoring", "group_left", "group_right",
+                             "offset", "bool", "and", "or", "unless", "atan2"})
+
+
+def mask_strings(expr):
+    """The expression with each string literal replaced by "__S<i>__", and the strings."""
+    strings = []
+
+    def keep(m):
+        strings.append(m.group(0)[1:-1])
+        return f'"__S{len(strings) - 1}__"'
+
+    return _PROMQL_STRING.sub(keep, expr), strings
+
+
+def matching_paren(text, start):
+    """Index of the parenthesis closing the one at start, or None."""
+    depth = 0
+    for i in range(start, len(text)):
+        if text[i] == "(":
+            depth += 1
+        elif text[i] == ")":
+            depth -= 1
+            if depth == 0:
+                return i
+    return None
+
+
+class Promql:
+    """What the dashboard checks need from one PromQL expression, read with regular expressions
+    after masking its strings: the driver series it reads, its selectors and groupings."""
+
+    def __init__(self, expr):
+        self.expr = expr
+        text = re.sub(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::[a-z]+)?\}", r"$\1", expr)
+        self.masked, self.strings = mask_strings(text)
+        self.series = _DRIVER_SERIES.findall(self.masked)
+        self.selectors = []  # (metric or None, [(label, op, value)], leftover text)
+        for m in _SELECTOR.finditer(self.masked):
+            body, matchers, pos = m.group(2), [], 0
+            while pos < len(body):
+                mm = _MATCHER.match(body, pos)
+                if not mm or mm.end() == pos:
+                    break
+                matchers.append((mm.group(1), mm.group(2), self.strings[int(mm.group(3))]))
+                pos = mm.end()
+            metric = m.group(1) if m.group(1) not in PROMQL_KEYWORDS else None
+            self.selectors.append((metric, matchers, body[pos:].strip()))
+        # A series named without braces selects with no matchers at all.
+        bare = "|".join(["ferrovol_[a-z_]+"] + sorted(SCRAPE_SERIES))
+        for m in re.finditer(rf"(?<![\w:])({bare})(?![\w:])(?!\s*[{{(])", self.masked):
+            self.selectors.append((m.group(1), [], ""))
+        self.groupings = [(m.group(1), [x.strip() for x in m.group(2).split(",") if x.strip()])
+                          for m in _GROUPING.finditer(self.masked)]
+
+    def syntax_problems(self):
+        problems = []
+        if re.search(r"[\"'`]", _PROMQL_STRING.sub("", self.masked)):
+            problems.append("an unterminated string")
+        pairs = {")": "(", "]": "[", "}": "{"}
+        stack = []
+        for ch in self.masked:
+            if ch in "([{":
+                stack.append(ch)
+            elif ch in pairs:
+                if not stack or stack.pop() != pairs[ch]:
+                    return problems + [f"an unmatched {ch!r}"]
+        if stack:
+            problems.append(f"an unclosed {stack[-1]!r}")
+        for metric, _, leftover in self.selectors:
+            if leftover:
+                problems.append(f"a selector {metric or ''}{{...}} that does not read as "
+                                f"label=\"value\" matchers ({leftover!r})")
+        return problems
+
+    def quantile_calls(self):
+        """The text inside each histogram_quantile(...)."""
+        out = []
+        for m in re.finditer(r"\bhistogram_quantile\s*\(", self.masked):
+            end = matching_paren(self.masked, m.end() - 1)
+            out.append(self.masked[m.end():end] if end else self.masked[m.end():])
+        return out
+
+
+def check_expr(expr, where, metrics, codes, target_labels, jobs, f):
+    """One PromQL expression against the driver's metrics table. Returns the labels its result
+    can carry (for legends)."""
+    q = Promql(expr)
+    for problem in q.syntax_problems():
+        f.add("dashboard", where, f"{expr!r} has {problem}")
+    known = {}
+    for name in q.series:
+        found = series_of(name, metrics)
+        if found is None:
+            f.add("dashboard-metrics", where,
+                  f"{name} is not a metric of the driver (src/metrics.rs has "
+                  f"{', '.join(sorted(metrics)) or 'none'})")
+        else:
+            known[name] = found
+    any_labels = set(target_labels)
+    for _, _, labels in known.values():
+        any_labels |= labels
+    for metric, matchers, _ in q.selectors:
+        if metric is None:
+            allowed, what = any_labels | {"__name__"}, "this expression's series"
+        elif metric in known:
+            allowed, what = known[metric][2] | target_labels, metric
+        elif metric in SCRAPE_SERIES:
+            allowed, what = set(target_labels), metric
+        elif metric.startswith("ferrovol_"):
+            continue  # reported above
+        else:
+            f.add("dashboard-metrics", where, f"{metric} is neither a driver metric nor a "
+                                              "series Prometheus records for its targets")
+            continue
+        for label, op, value in matchers:
+            if label not in allowed:
+                f.add("dashboard-labels", where,
+                      f"{what} has no label {label!r} (it has {', '.join(sorted(allowed))})")
+            if label == "code" and op in ("=", "!=") and value not in codes:
+                f.add("dashboard-labels", where,
+                      f"code {op} {value!r}: codes are gRPC names ({', '.join(sorted(codes))})")
+            if label == "code" and op in ("=~", "!~"):
+                for alt in value.split("|"):
+                    if re.fullmatch(r"[A-Za-z_]+", alt) and alt not in codes:
+                        f.add("dashboard-labels", where, f"code {op} {value!r}: {alt!r} is not "
+                                                         "a gRPC code name")
+            if label == "job" and op == "=" and value not in jobs:
+                f.add("dashboard-labels", where, f"job={value!r}, but the ServiceMonitor's "
+                                                 f"targets have job {sorted(jobs)}")
+    result_labels = set()
+    for keyword, labels in q.groupings:
+        for label in labels:
+            if label not in any_labels:
+                f.add("dashboard-labels", where,
+                      f"{keyword} ({label}): no series of this expression has a label "
+                      f"{label!r} (they have {', '.join(sorted(any_labels))})")
+        if keyword == "by":
+            result_labels |= set(labels)
+    # Counters and histogram series only mean something as a rate.
+    for name, (base, kind, _) in known.items():
+        if name == base and kind == "histogram":
+            f.add("dashboard-metrics", where, f"{name} is a histogram: Prometheus stores its "
+                                              "_bucket, _sum and _count series, not this name")
+            continue
+        if kind != "counter" and name == base:
+            continue
+        total = len(re.findall(rf"\b{name}\b", q.masked))
+        wrapped = len(re.findall(rf"\b(?:rate|irate|increase)\s*\(\s*{name}\s*(?:\{{[^{{}}]*\}})?"
+                                 rf"\s*\[[^\[\]]+\]\s*\)", q.masked))
+        if wrapped < total:
+            f.add("dashboard-metrics", where, f"{name} is a {kind} series: use it inside "
+                                              "rate(...[range]) or increase(...[range])")
+    for inner in q.quantile_calls():
+        if not re.search(r"\bferrovol_[a-z_]+_bucket\b", inner):
+            f.add("dashboard-metrics", where, "histogram_quantile over no _bucket series")
+        for keyword, labels in _GROUPING.findall(inner):
+            labels = {x.strip() for x in labels.split(",")}
+            if (keyword == "by" and "le" not in labels) or (keyword == "without" and
+                                                           "le" in labels):
+                f.add("dashboard-metrics", where,
+                      f"histogram_quantile needs the le label: {keyword} ({', '.join(labels)}) "
+                      "drops it")
+    return result_labels or any_labels
+
+
+def panels_of(dashboard):
+    """Every panel, rows' collapsed panels included."""
+    out = []
+    for p in dashboard.get("panels") or []:
+        out.append(p)
+        out.extend(p.get("panels") or [])
+    return out
+
+
+def check_dashboard(text, metrics, codes, target_labels, jobs, f):
+    """The Grafana dashboard: valid JSON, every panel queries the Prometheus data source variable,
+    and every expression uses metrics and labels the driver and the ServiceMonitor provide."""
+    where = DASHBOARD_FILE
+    try:
+        dashboard = json.loads(text)
+    except ValueError as e:
+        f.add("dashboard", where, f"not valid JSON: {e}")
+        return
+    if not isinstance(dashboard, dict):
+        f.add("dashboard", where, "not a JSON object")
+        return
+    if not metrics:
+        f.add("dashboard-metrics", str(METRICS_SOURCE),
+              "no metrics table in the module doc (lines like //! | `ferrovol_...` | type | "
+              "labels |)")
+    for key, kind in (("title", str), ("uid", str), ("schemaVersion", int), ("panels", list)):
+        if not isinstance(dashboard.get(key), kind) or not dashboard.get(key):
+            f.add("dashboard", where, f"needs {key}")
+    if isinstance(dashboard.get("schemaVersion"), int) and dashboard["schemaVersion"] < 36:
+        f.add("dashboard", where, "schemaVersion below 36: Grafana 9 or newer")
+    if dashboard.get("id") is not None:
+        f.add("dashboard", where, "id must be null, so that an import creates the dashboard")
+    variables = {v.get("name"): v for v in (dashboard.get("templating") or {}).get("list") or []}
+    sources = [n for n, v in variables.items()
+               if v.get("type") == "datasource" and v.get("query") == "prometheus"]
+    if not sources:
+        f.add("dashboard", where, "no data source variable of type prometheus")
+    source_refs = {f"${{{n}}}" for n in sources} | {f"${n}" for n in sources}
+
+    def datasource_ok(ds):
+        return isinstance(ds, dict) and ds.get("type") == "prometheus" and \
+            ds.get("uid") in source_refs
+
+    filters = {}  # label -> variable, for query variables over a label
+    for name, var in variables.items():
+        if var.get("type") != "query":
+            continue
+        at = f"{where} variable {name}"
+        if not datasource_ok(var.get("datasource")):
+            f.add("dashboard", at, f"datasource must be the data source variable "
+                                   f"{sorted(source_refs)}")
+        query = var.get("query")
+        query = query.get("query") if isinstance(query, dict) else query
+        m = re.fullmatch(r"\s*label_values\(\s*(?:(.*?)\s*,\s*)?([a-zA-Z_][a-zA-Z0-9_]*)\s*\)\s*",
+                         str(query or ""))
+        if not m:
+            f.add("dashboard", at, f"query {query!r} is not label_values(series, label)")
+            continue
+        label = m.group(2)
+        if m.group(1):
+            q = Promql(m.group(1))
+            check_expr(m.group(1), at, metrics, codes, target_labels, jobs, f)
+            labels = set(target_labels)
+            for s in q.series:
+                found = series_of(s, metrics)
+                labels |= found[2] if found else set()
+        else:
+            labels = set(target_labels)
+        if label not in labels:
+            f.add("dashboard-labels", at, f"label_values(..., {label}): the series have no label "
+                                          f"{label!r} (they have {', '.join(sorted(labels))})")
+        filters[label] = name
+    if "node" not in filters:
+        f.add("dashboard", where, "no query variable over the node label")
+
+    panels = panels_of(dashboard)
+    ids = [p.get("id") for p in panels]
+    for dup in sorted({i for i in ids if ids.count(i) > 1}, key=str):
+        f.add("dashboard", where, f"panel id {dup} is used twice")
+    for p in panels:
+        at = f"{where} panel {p.get('id')} {p.get('title')!r}"
+        if p.get("type") == "row":
+            continue
+        if not p.get("title") or not p.get("type"):
+            f.add("dashboard", at, "needs a type and a title")
+        grid = p.get("gridPos") or {}
+        if not all(isinstance(grid.get(k), int) for k in "hwxy") or \
+                grid.get("x", 0) + grid.get("w", 0) > 24:
+            f.add("dashboard", at, "gridPos needs integers h, w, x, y within 24 columns")
+        if not datasource_ok(p.get("datasource")):
+            f.add("dashboard", at, f"datasource must be the data source variable "
+                                   f"{sorted(source_refs)}, so that any Prometheus can be chosen")
+        targets = p.get("targets") or []
+        if not targets:
+            f.add("dashboard", at, "has no targets")
+        refs = [t.get("refId") for t in targets]
+        if len(set(refs)) != len(refs) or not all(refs):
+            f.add("dashboard", at, "every target needs its own refId")
+        for t in targets:
+            tat = f"{at} target {t.get('refId')}"
+            expr = t.get("expr")
+            if not isinstance(expr, str) or not expr.strip():
+                f.add("dashboard", tat, "has no expr")
+                continue
+            if "datasource" in t and not datasource_ok(t["datasource"]):
+                f.add("dashboard", tat, "datasource must be the data source variable")
+            for m in _VARIABLE.finditer(expr):
+                name = m.group(1) or m.group(2) or m.group(3)
+                if name not in variables and name not in GRAFANA_BUILTINS:
+                    f.add("dashboard", tat, f"${name} is not a variable of the dashboard")
+            result = check_expr(expr, tat, metrics, codes, target_labels, jobs, f)
+            for label in _LEGEND.findall(t.get("legendFormat") or ""):
+                if label not in result:
+                    f.add("dashboard-labels", tat,
+                          f"legend {{{{{label}}}}}: the result has no label {label!r} (it has "
+                          f"{', '.join(sorted(result))})")
+            # Every variable over a label filters every series that has the label.
+            q = Promql(expr)
+            for metric, matchers, _ in q.selectors:
+                if metric is None or not (metric in SCRAPE_SERIES or
+                                          series_of(metric, metrics)):
+                    continue
+                for label, var in filters.items():
+                    if not any(lbl == label and op == "=~" and val in (f"${var}", f"${{{var}}}")
+                               for lbl, op, val in matchers):
+                        f.add("dashboard", tat, f"{metric} is not filtered by "
+                                                f"{label}=~\"${var}\": the {var} menu would not "
+                                                "apply to it")
+
+
+def monitoring_inputs(kubectl, directory, overlays=None):
+    """(rendered monitoring objects, rendered base, [rendered overlay], dashboard text or None,
+    metrics source text)."""
+    objs = render(kubectl, directory)
+    base = render(kubectl, REPO / "deploy" / "kubernetes" / "base")
+    if overlays is None:
+        overlays = [render(kubectl, overlay_dir(name)) for name in (S, M)]
+    dashboard = None
+    for candidate in (Path(directory) / DASHBOARD_FILE, MONITORING_DIR / DASHBOARD_FILE):
+        if candidate.exists():
+            dashboard = candidate.read_text()
+            break
+    source = METRICS_SOURCE.read_text() if METRICS_SOURCE.exists() else ""
+    return objs, base, overlays, dashboard, source
+
+
+def check_monitoring(objs, base, overlays, dashboard, source, versions):
+    f = Findings()
+    guarded(f, check_schemas, objs, f, versions)
+    services = metrics_services(base)
+    service = services[0] if len(services) == 1 else None
+    pod_labels = [template_labels(p.owner) for o in overlays for p in pods_of(o)
+                  if p.of_kind("ferrovol")]
+    result = guarded(f, check_servicemonitors, objs, service, pod_labels, f)
+    target_labels, jobs = result if result else (set(OPERATOR_TARGET_LABELS), set())
+    if dashboard is None:
+        f.add("dashboard", "monitoring", f"no {DASHBOARD_FILE}")
+    else:
+        guarded(f, check_dashboard, dashboard, driver_metrics(source), grpc_codes(source),
+                target_labels, jobs, f)
     return f
 
 
@@ -1583,6 +2363,248 @@ MUTATIONS = [
     ("namespaced object outside the namespace", M,
      lambda o: objects(o, "ServiceAccount")[0]["metadata"].update(namespace="kube-system"),
      "namespace"),
+    ("metrics Service selects no ferrovol pod", S,
+     lambda o: metrics_service_spec(o).update(selector={"app.kubernetes.io/name": "ferrovol-csi"}),
+     "metrics-service"),
+    ("metrics Service leaves out the controller", M,
+     lambda o: metrics_service_spec(o)["selector"].update(
+         {"app.kubernetes.io/component": "node"}), "metrics-service"),
+    ("metrics Service targets a port name the driver lacks", S,
+     lambda o: metrics_service_spec(o)["ports"][0].update(targetPort="metric"), "metrics-service"),
+    ("metrics Service targets a port number no container declares", M,
+     lambda o: metrics_service_spec(o)["ports"][0].update(targetPort=9811), "metrics-service"),
+    ("metrics Service port renamed", S,
+     lambda o: metrics_service_spec(o)["ports"][0].update(name="http"), "metrics-service"),
+    ("metrics Service not headless", S,
+     lambda o: metrics_service_spec(o).pop("clusterIP"), "metrics-service"),
+    ("metrics Service removed", M, remove("Service", "ferrovol-metrics"), "metrics-service"),
+    ("controller ferrovol serves metrics on another port", M,
+     lambda o: in_ferrovol(o, "Deployment",
+                           lambda c: set_arg(c, "metrics-address", "0.0.0.0:9811")),
+     "metrics-service"),
+    ("metrics Service without a selector", S,
+     lambda o: metrics_service_spec(o).pop("selector"), "metrics-service"),
+    ("metrics Service port over UDP", M,
+     lambda o: metrics_service_spec(o)["ports"][0].update(protocol="UDP"), "metrics-service"),
+    ("metrics Service selects a pod without the driver", M, lambda o: _driverless_copy(o),
+     "metrics-service"),
+]
+
+
+def _driverless_copy(objs):
+    """A second Deployment with the driver's labels but only csi-resizer in it."""
+    extra = copy.deepcopy(workload(objs, "Deployment"))
+    extra["metadata"]["name"] = "ferrovol-extra"
+    spec = extra["spec"]["template"]["spec"]
+    spec["containers"] = [c for c in spec["containers"] if c["name"] != "ferrovol"]
+    objs.append(extra)
+
+
+def metrics_service_spec(objs):
+    found = metrics_services(objs)
+    if not found:
+        raise LookupError("no metrics Service to mutate")
+    return found[0]["spec"]
+
+
+def monitor_of(state):
+    found = objects(state["objs"], "ServiceMonitor")
+    if not found:
+        raise LookupError("no ServiceMonitor to mutate")
+    return found[0]
+
+
+def endpoint_of(state):
+    return monitor_of(state)["spec"]["endpoints"][0]
+
+
+def in_dashboard(fn):
+    def mutate(state):
+        dashboard = json.loads(state["dashboard"])
+        fn(dashboard)
+        state["dashboard"] = json.dumps(dashboard)
+    return mutate
+
+
+def panel_titled(dashboard, title):
+    for p in panels_of(dashboard):
+        if p.get("title") == title:
+            return p
+    raise LookupError(f"no panel {title!r}")
+
+
+def edit_expr(title, old, new):
+    """Replaces old by new in the expressions of the panel with this title."""
+    def fn(dashboard):
+        changed = False
+        for t in panel_titled(dashboard, title)["targets"]:
+            if old in t["expr"]:
+                t["expr"] = t["expr"].replace(old, new)
+                changed = True
+        if not changed:
+            raise LookupError(f"panel {title!r} has no {old!r}")
+    return in_dashboard(fn)
+
+
+def edit_source(old, new):
+    def mutate(state):
+        if old not in state["source"]:
+            raise LookupError(f"src/metrics.rs has no {old!r}")
+        state["source"] = state["source"].replace(old, new)
+    return mutate
+
+
+def node_variable(dashboard):
+    for v in dashboard["templating"]["list"]:
+        if v.get("name") == "node":
+            return v
+    raise LookupError("no node variable")
+
+
+RATE_PANEL, ERROR_PANEL = "RPC rate by method", "RPC errors by method and code"
+LATENCY_PANEL, IN_FLIGHT_PANEL = "RPC latency p50 and p99 by method", "RPCs in flight by method"
+
+MONITORING_MUTATIONS = [
+    # (name, mutation of {"objs", "base", "dashboard", "source"}, check that must catch it)
+    ("ServiceMonitor endpoint port not in the Service",
+     lambda st: endpoint_of(st).update(port="http-metrics"), "servicemonitor"),
+    ("ServiceMonitor selector does not match the Service",
+     lambda st: monitor_of(st)["spec"]["selector"]["matchLabels"].update(
+         {"app.kubernetes.io/component": "node"}), "servicemonitor"),
+    ("ServiceMonitor selector expression excludes the Service",
+     lambda st: monitor_of(st)["spec"]["selector"].update(matchExpressions=[
+         {"key": "app.kubernetes.io/component", "operator": "NotIn", "values": ["metrics"]}]),
+     "servicemonitor"),
+    ("typo in a ServiceMonitor endpoint field",
+     lambda st: endpoint_of(st).update(intreval=endpoint_of(st).pop("interval")), "crd-schema"),
+    ("typo in the ServiceMonitor spec",
+     lambda st: monitor_of(st)["spec"].update(
+         namespaceSelecter=monitor_of(st)["spec"].pop("namespaceSelector")), "crd-schema"),
+    ("ServiceMonitor looks in another namespace",
+     lambda st: monitor_of(st)["spec"]["namespaceSelector"].update(matchNames=["monitoring"]),
+     "servicemonitor"),
+    ("ServiceMonitor scrapes another path",
+     lambda st: endpoint_of(st).update(path="/metric"), "servicemonitor"),
+    ("scrape timeout longer than the interval",
+     lambda st: endpoint_of(st).update(scrapeTimeout="1m"), "servicemonitor"),
+    ("relabeling reads a discovery label that does not exist",
+     lambda st: endpoint_of(st)["relabelings"][0].update(
+         sourceLabels=["__meta_kubernetes_pod_nodename"]), "servicemonitor"),
+    ("relabeling reads a pod label ferrovol pods lack",
+     lambda st: endpoint_of(st)["relabelings"][1].update(
+         sourceLabels=["__meta_kubernetes_pod_label_app_kubernetes_io_instance"]),
+     "servicemonitor"),
+    ("ServiceMonitor removed", lambda st: st.update(objs=[]), "servicemonitor"),
+    ("dashboard uses a metric the driver does not have",
+     edit_expr(RATE_PANEL, "ferrovol_rpc_requests_total", "ferrovol_rpc_request_total"),
+     "dashboard-metrics"),
+    ("the driver renames a metric the dashboard uses",
+     edit_source("`ferrovol_staged_volumes`", "`ferrovol_volumes_staged`"), "dashboard-metrics"),
+    ("dashboard queries a histogram by its bare name",
+     edit_expr(LATENCY_PANEL, "ferrovol_rpc_duration_seconds_bucket",
+               "ferrovol_rpc_duration_seconds"), "dashboard-metrics"),
+    ("counter graphed without rate()",
+     edit_expr(RATE_PANEL, 'rate(ferrovol_rpc_requests_total{node=~"$node"}[$__rate_interval])',
+               'ferrovol_rpc_requests_total{node=~"$node"}'), "dashboard-metrics"),
+    ("quantile aggregated without le",
+     edit_expr(LATENCY_PANEL, "by (method, le)", "by (method)"), "dashboard-metrics"),
+    ("dashboard groups by a label no metric has",
+     edit_expr(RATE_PANEL, "by (method)", "by (volume_id)"), "dashboard-labels"),
+    ("dashboard selects a label the metric lacks",
+     edit_expr(IN_FLIGHT_PANEL, 'node=~"$node"', 'node=~"$node", code!="OK"'),
+     "dashboard-labels"),
+    ("error panel compares code with a name gRPC does not use",
+     edit_expr(ERROR_PANEL, 'code!="OK"', 'code!="Ok"'), "dashboard-labels"),
+    ("legend names a label the result lacks",
+     in_dashboard(lambda d: panel_titled(d, RATE_PANEL)["targets"][0].update(
+         legendFormat="{{volume}}")), "dashboard-labels"),
+    ("node relabeling removed while the panels filter by node",
+     lambda st: endpoint_of(st)["relabelings"].pop(0), "dashboard-labels"),
+    ("up panel names another job",
+     edit_expr("Driver targets", 'job="ferrovol-metrics"', 'job="ferrovol"'), "dashboard-labels"),
+    ("node variable over a label the series lack",
+     in_dashboard(lambda d: node_variable(d).update(
+         query="label_values(ferrovol_volumes, nodename)")), "dashboard-labels"),
+    ("panel without targets",
+     in_dashboard(lambda d: panel_titled(d, "Volumes").pop("targets")), "dashboard"),
+    ("panel with a hard-wired data source",
+     in_dashboard(lambda d: panel_titled(d, IN_FLIGHT_PANEL)["datasource"].update(
+         uid="prometheus")), "dashboard"),
+    ("expression uses an undefined variable",
+     edit_expr("Snapshots", "$node", "$nodes"), "dashboard"),
+    ("panel ignores the node menu",
+     edit_expr("Snapshots", '{node=~"$node"}', ""), "dashboard"),
+    ("unbalanced parentheses", edit_expr(LATENCY_PANEL, ")))", "))"), "dashboard"),
+    ("dashboard is not valid JSON",
+     lambda st: st.update(dashboard=st["dashboard"].rstrip()[:-1]), "dashboard"),
+    # the remaining ServiceMonitor rules
+    ("base renders no metrics Service",
+     lambda st: st["base"].remove(metrics_services(st["base"])[0]), "servicemonitor"),
+    ("ServiceMonitor in another namespace",
+     lambda st: monitor_of(st)["metadata"].update(namespace="monitoring"), "namespace"),
+    ("ServiceMonitor elsewhere without a namespaceSelector",
+     lambda st: (monitor_of(st)["metadata"].update(namespace="monitoring"),
+                 monitor_of(st)["spec"].pop("namespaceSelector")), "servicemonitor"),
+    ("ServiceMonitor copies a pod label ferrovol pods lack",
+     lambda st: monitor_of(st)["spec"].update(podTargetLabels=["app.kubernetes.io/instance"]),
+     "servicemonitor"),
+    ("ServiceMonitor without endpoints",
+     lambda st: monitor_of(st)["spec"].update(endpoints=[]), "servicemonitor"),
+    ("ServiceMonitor scrapes over https", lambda st: endpoint_of(st).update(scheme="https"),
+     "servicemonitor"),
+    ("ServiceMonitor scrapes every second", lambda st: endpoint_of(st).update(interval="1s"),
+     "servicemonitor"),
+    ("relabeling reads a Service label the Service lacks",
+     lambda st: endpoint_of(st)["relabelings"][1].update(
+         sourceLabels=["__meta_kubernetes_service_label_team"]), "servicemonitor"),
+    ("replace relabeling without a target label",
+     lambda st: endpoint_of(st)["relabelings"][1].pop("targetLabel"), "servicemonitor"),
+    # the remaining dashboard rules
+    ("dashboard is a JSON list", lambda st: st.update(dashboard="[]"), "dashboard"),
+    ("metrics table gone from src/metrics.rs",
+     lambda st: st.update(source="\n".join(l for l in st["source"].splitlines()
+                                             if not l.startswith("//! | `ferrovol_"))),
+     "dashboard-metrics"),
+    ("dashboard without a uid", in_dashboard(lambda d: d.pop("uid")), "dashboard"),
+    ("dashboard schema older than Grafana 9",
+     in_dashboard(lambda d: d.update(schemaVersion=16)), "dashboard"),
+    ("dashboard exported with its database id", in_dashboard(lambda d: d.update(id=7)),
+     "dashboard"),
+    ("data source variable removed",
+     in_dashboard(lambda d: d["templating"].update(list=[
+         v for v in d["templating"]["list"] if v["type"] != "datasource"])), "dashboard"),
+    ("node variable queries a fixed data source",
+     in_dashboard(lambda d: node_variable(d)["datasource"].update(uid="prom")), "dashboard"),
+    ("node variable is not a label_values query",
+     in_dashboard(lambda d: node_variable(d).update(query="up")), "dashboard"),
+    ("node variable removed",
+     in_dashboard(lambda d: d["templating"]["list"].remove(node_variable(d))), "dashboard"),
+    ("two panels with one id",
+     in_dashboard(lambda d: panel_titled(d, "Snapshots").update(
+         id=panel_titled(d, "Volumes")["id"])), "dashboard"),
+    ("panel without a title", in_dashboard(lambda d: panel_titled(d, "Volumes").update(title="")),
+     "dashboard"),
+    ("panel wider than the grid",
+     in_dashboard(lambda d: panel_titled(d, RATE_PANEL)["gridPos"].update(w=30)), "dashboard"),
+    ("two targets with one refId",
+     in_dashboard(lambda d: panel_titled(d, LATENCY_PANEL)["targets"][1].update(refId="A")),
+     "dashboard"),
+    ("target without an expression",
+     in_dashboard(lambda d: panel_titled(d, RATE_PANEL)["targets"][0].update(expr=" ")),
+     "dashboard"),
+    ("target with a fixed data source",
+     in_dashboard(lambda d: panel_titled(d, RATE_PANEL)["targets"][0]["datasource"].update(
+         uid="prom")), "dashboard"),
+    ("unterminated string", edit_expr(ERROR_PANEL, 'code!="OK"', 'code!="OK'), "dashboard"),
+    ("matcher value not quoted", edit_expr("Snapshots", '"$node"', "$node"), "dashboard"),
+    ("dashboard reads a series neither the driver nor Prometheus has",
+     edit_expr("Volumes", "ferrovol_volumes", "kubelet_volume_stats_used_bytes"),
+     "dashboard-metrics"),
+    ("code regex names a code gRPC does not have",
+     edit_expr(ERROR_PANEL, 'code!="OK"', 'code!~"OK|Aborted"'), "dashboard-labels"),
+    ("histogram_quantile over a counter",
+     edit_expr(LATENCY_PANEL, "ferrovol_rpc_duration_seconds_bucket",
+               "ferrovol_rpc_requests_total"), "dashboard-metrics"),
 ]
 
 EXAMPLE_MUTATIONS = [
@@ -1678,6 +2700,27 @@ def cmd_examples(args):
     return 0
 
 
+def cmd_monitoring(args):
+    versions = k8s_versions()
+    try:
+        objs, base, overlays, dashboard, source = monitoring_inputs(args.kubectl, args.dir)
+    except (RuntimeError, ValueError) as e:
+        print(f"FAIL [render] {args.dir}: {e}")
+        return 1
+    f = check_monitoring(objs, base, overlays, dashboard, source, versions)
+    if f:
+        f.report()
+        return 1
+    parsed = json.loads(dashboard)
+    exprs = [t["expr"] for p in panels_of(parsed) for t in p.get("targets") or []]
+    used = {series_of(n, driver_metrics(source))[0] for e in exprs for n in Promql(e).series}
+    kinds = sorted({o["kind"] for o in objs})
+    print(f"ok: {args.dir}: {len(objs)} objects ({', '.join(kinds)}) and {DASHBOARD_FILE} "
+          f"({len(panels_of(parsed))} panels, {len(exprs)} expressions over {len(used)} of the "
+          f"driver's {len(driver_metrics(source))} metrics) pass every check")
+    return 0
+
+
 def expect_of(fixture):
     return set((fixture / "EXPECT").read_text().split())
 
@@ -1698,6 +2741,15 @@ def cmd_mutations(args):
     if baseline:
         baseline.report()
         print("FAIL: the unmodified examples do not pass, so mutations prove nothing")
+        return 1
+
+    monitoring = monitoring_inputs(args.kubectl, MONITORING_DIR,
+                                   overlays=[rendered[S], rendered[M]])
+    baseline = check_monitoring(*monitoring, versions)
+    if baseline:
+        baseline.report()
+        print("FAIL: the unmodified monitoring directory does not pass, so mutations prove "
+              "nothing")
         return 1
 
     results = []  # (name, caught, detail)
@@ -1733,12 +2785,33 @@ def cmd_mutations(args):
         mutated = [(n, o) for n in sorted(by_file) for o in by_file[n]]
         judge(f"examples: {name}", expected, check_examples(mutated, base, versions, readme))
 
-    # Fixtures on disk go through the real tools: kustomize overlays of the real overlays,
-    # and example directories.
+    objs, base_objs, overlays, dashboard, source = monitoring
+    for name, mutate, expected in MONITORING_MUTATIONS:
+        state = {"objs": copy.deepcopy(objs), "base": copy.deepcopy(base_objs),
+                 "dashboard": dashboard, "source": source}
+        try:
+            mutate(state)
+        except (LookupError, KeyError, IndexError, ValueError) as e:
+            results.append((name, False, f"mutation does not apply any more: {e!r}"))
+            continue
+        judge(f"monitoring: {name}", expected,
+              check_monitoring(state["objs"], state["base"], overlays, state["dashboard"],
+                               state["source"], versions))
+
+    # Fixtures on disk go through the real tools: kustomize overlays of the real overlays and
+    # of the monitoring directory (fixtures named monitoring-*), and example directories.
     for fixture in sorted(p for p in FIXTURES.iterdir() if p.is_dir()):
         expected = expect_of(fixture)
         label = f"fixture {fixture.name}"
-        if (fixture / "kustomization.yaml").exists():
+        if fixture.name.startswith("monitoring-"):
+            try:
+                inputs = monitoring_inputs(args.kubectl, fixture,
+                                           overlays=[rendered[S], rendered[M]])
+            except RuntimeError as e:
+                results.append((label, "render" in expected, f"[render] {e}"))
+                continue
+            f = check_monitoring(*inputs, versions)
+        elif (fixture / "kustomization.yaml").exists():
             try:
                 objs = render(args.kubectl, fixture)
             except RuntimeError as e:
@@ -1766,6 +2839,8 @@ def main(argv=None):
     p.add_argument("dirs", nargs="+", type=Path)
     p = sub.add_parser("examples")
     p.add_argument("dir", type=Path)
+    p = sub.add_parser("monitoring")
+    p.add_argument("dir", type=Path)
     sub.add_parser("mutations")
     sub.add_parser("preflight")
     args = parser.parse_args(argv)
@@ -1776,7 +2851,7 @@ def main(argv=None):
     if args.command == "preflight":
         print("preflight: kubectl, pyyaml, kubernetes-validate and jsonschema are installed")
         return 0
-    return {"overlay": cmd_overlay, "examples": cmd_examples,
+    return {"overlay": cmd_overlay, "examples": cmd_examples, "monitoring": cmd_monitoring,
             "mutations": cmd_mutations}[args.command](args)
 
 

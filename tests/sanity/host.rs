@@ -282,8 +282,9 @@ pub enum PoolFs {
 /// Size of the (sparse) image file that holds a harness-made pool filesystem.
 const POOL_FS_BYTES: u64 = 1 << 30;
 
-/// Runs a host tool the harness needs, panicking with its stderr when it fails.
-fn run_tool(program: &str, args: &[&std::ffi::OsStr]) {
+/// Runs a host tool a test needs, panicking with its stderr when it fails; returns its
+/// standard output, trimmed.
+pub fn run_tool<A: AsRef<std::ffi::OsStr> + std::fmt::Debug>(program: &str, args: &[A]) -> String {
     let out = Command::new(program)
         .args(args)
         .output()
@@ -294,6 +295,7 @@ fn run_tool(program: &str, args: &[&std::ffi::OsStr]) {
         out.status,
         String::from_utf8_lossy(&out.stderr)
     );
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
 }
 
 /// Makes a `kind` filesystem in a new sparse image file `image` and mounts it on
@@ -316,7 +318,7 @@ pub fn make_pool_fs(image: &Path, mount_point: &Path, kind: PoolFs) {
             "mkfs.ext4",
             &["-q".as_ref(), "-F".as_ref(), image.as_os_str()],
         ),
-    }
+    };
     run_tool(
         "mount",
         &[

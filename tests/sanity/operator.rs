@@ -20,7 +20,7 @@ use tonic::Code;
 
 use crate::content::{verify_files, write_files};
 use crate::harness::Driver;
-use crate::host::{loop_devices, mount_at};
+use crate::host::{loop_devices, mount_at, run_tool};
 use crate::requests::*;
 
 /// Runs `ferrovol ARGS --state-dir S --pool-dir P` against the driver's directories.
@@ -215,19 +215,6 @@ fn sparse_file(path: &Path, bytes: u64) {
         .unwrap_or_else(|e| panic!("make {}: {e}", path.display()));
 }
 
-fn run(program: &str, args: &[&str]) -> String {
-    let out = Command::new(program)
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("run {program}: {e}"));
-    assert!(
-        out.status.success(),
-        "{program} {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).trim().to_owned()
-}
-
 fn findings(report: &Value) -> BTreeSet<(String, String, String)> {
     report
         .as_array()
@@ -268,13 +255,13 @@ async fn gc_removes_only_what_no_record_owns() {
         .pool
         .join(format!("{}.img", VolumeId::from_name("gc-stale")));
     sparse_file(&stale, 32 << 20);
-    let stale_loop = run("losetup", &["-f", "--show", &stale.display().to_string()]);
-    run("mkfs.ext4", &["-q", &stale_loop]);
+    let stale_loop = run_tool("losetup", &["-f", "--show", &stale.display().to_string()]);
+    run_tool("mkfs.ext4", &["-q", &stale_loop]);
     let stale_mount = d.root.join("stale-mount");
     fs::create_dir_all(&stale_mount).expect("mount dir");
-    run("mount", &[&stale_loop, &stale_mount.display().to_string()]);
+    run_tool("mount", &[&stale_loop, &stale_mount.display().to_string()]);
     let idle_file = d.backing_file(&idle.volume_id);
-    let idle_loop = run(
+    let idle_loop = run_tool(
         "losetup",
         &["-f", "--show", &idle_file.display().to_string()],
     );
@@ -283,7 +270,7 @@ async fn gc_removes_only_what_no_record_owns() {
     fs::create_dir_all(target.join("sub")).expect("a subdir");
     let subpath = d.root.join("subpath-bind");
     fs::create_dir_all(&subpath).expect("subpath dir");
-    run(
+    run_tool(
         "mount",
         &[
             "--bind",
@@ -380,7 +367,7 @@ async fn gc_removes_only_what_no_record_owns() {
         mount_at(&subpath).is_some(),
         "gc unmounted kubelet's subPath bind"
     );
-    run("umount", &[&subpath.display().to_string()]);
+    run_tool("umount", &[&subpath.display().to_string()]);
     verify_files(&target, 5);
     assert!(
         d.loop_of(&kept.volume_id).is_some(),

@@ -184,7 +184,7 @@ pub fn collect(paths: &Paths, dry_run: bool, wait: Duration) -> Result<Vec<Findi
     let mut findings = Vec::new();
 
     // Mounts of pool loop devices at paths no stage record names.
-    let mut stale_mounts: Vec<&mount::MountEntry> = Vec::new();
+    let mut stale_mounts: Vec<(&mount::MountEntry, u32)> = Vec::new();
     let table = mount::read_mountinfo()?;
     for entry in &table {
         let Some(number) = loops.of_mount(entry) else {
@@ -198,18 +198,17 @@ pub fn collect(paths: &Paths, dry_run: bool, wait: Duration) -> Result<Vec<Findi
             .as_deref()
             .is_some_and(|id| records.stage_of(id).is_some());
         if !owned {
-            stale_mounts.push(entry);
+            stale_mounts.push((entry, number));
         }
     }
     // Deepest first, so that a mount inside another comes off before it.
-    stale_mounts.sort_by_key(|e| std::cmp::Reverse(e.mount_point.components().count()));
-    for entry in stale_mounts {
+    stale_mounts.sort_by_key(|(e, _)| std::cmp::Reverse(e.mount_point.components().count()));
+    for (entry, number) in stale_mounts {
         findings.push(Finding {
             kind: Kind::Mount,
             path: entry.mount_point.clone(),
             reason: format!(
-                "a mount of /dev/loop{} that no stage record names",
-                entry_loop(&loops, entry)
+                "a mount of /dev/loop{number}, whose volume is not staged on this node"
             ),
             action: Action::WouldRemove,
             error: None,
@@ -321,10 +320,6 @@ pub fn collect(paths: &Paths, dry_run: bool, wait: Duration) -> Result<Vec<Findi
         }
     }
     Ok(findings)
-}
-
-fn entry_loop(loops: &PoolLoops, entry: &mount::MountEntry) -> u32 {
-    loops.of_mount(entry).unwrap_or_default()
 }
 
 fn remove(finding: &Finding, loops: &PoolLoops, backend: &LoopBackend) -> Result<()> {

@@ -16,7 +16,6 @@ use std::sync::Arc;
 
 use tracing::info;
 
-use crate::backend::StorageStatus;
 use crate::config::FsType;
 use crate::csi::v1::{NodeExpandVolumeRequest, NodeExpandVolumeResponse};
 use crate::driver::Driver;
@@ -52,7 +51,7 @@ pub(super) async fn expand(
     let key = id.to_string();
     driver
         .locked(&key, move |d| async move {
-            super::require_storage(&d, &id).await?;
+            let stored_bytes = super::require_storage(&d, &id).await?;
             let backing = d.backend.source_path(&id);
             let device = devices_of(&d, &backing)
                 .await?
@@ -106,7 +105,7 @@ pub(super) async fn expand(
                 )));
             }
             if let Some(size) = wanted {
-                grow_storage(&d, &id, size, limit).await?;
+                grow_storage(&d, &id, stored_bytes, size, limit).await?;
             }
             let refreshed = device.clone();
             let size = d
@@ -135,18 +134,16 @@ pub(super) async fn expand(
         .await
 }
 
-/// Grows the storage of `id` to at least `size` bytes, and its controller record with it
-/// when this process holds one. A volume already that big is left alone; one above
-/// `limit` (when set) cannot shrink and fails with OUT_OF_RANGE.
-async fn grow_storage(driver: &Arc<Driver>, id: &VolumeId, size: u64, limit: u64) -> Result<()> {
-    let backend = Arc::clone(&driver.backend);
-    let status_id = id.clone();
-    let current = match driver.blocking(move || backend.status(&status_id)).await? {
-        StorageStatus::Present { size_bytes, .. } => size_bytes,
-        StorageStatus::Missing => {
-            return Err(Error::NotFound(format!("volume {id} does not exist")));
-        }
-    };
+/// Grows the storage of `id` from `current` to at least `size` bytes, and its controller
+/// record with it when this process holds one. A volume already that big is left alone;
+/// one above `limit` (when set) cannot shrink and fails with OUT_OF_RANGE.
+async fn grow_storage(
+    driver: &Arc<Driver>,
+    id: &VolumeId,
+    current: u64,
+    size: u64,
+    limit: u64,
+) -> Result<()> {
     if limit > 0 && current > limit {
         return Err(Error::OutOfRange(format!(
             "volume {id} has {current} bytes, above limit_bytes {limit}; shrinking is not supported"

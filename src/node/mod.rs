@@ -72,13 +72,13 @@ const CAPABILITIES: &[Rpc] = &[
     Rpc::ExpandVolume,
 ];
 
-/// Fails with NOT_FOUND unless the volume's storage exists.
-async fn require_storage(driver: &Arc<Driver>, id: &VolumeId) -> Result<()> {
+/// The size of the volume's storage; NOT_FOUND unless it exists.
+async fn require_storage(driver: &Arc<Driver>, id: &VolumeId) -> Result<u64> {
     let backend = Arc::clone(&driver.backend);
     let status_id = id.clone();
     match driver.blocking(move || backend.status(&status_id)).await? {
         StorageStatus::Missing => Err(Error::NotFound(format!("volume {id} does not exist"))),
-        StorageStatus::Present { .. } => Ok(()),
+        StorageStatus::Present { size_bytes, .. } => Ok(size_bytes),
     }
 }
 

@@ -274,7 +274,22 @@ async fn attach_and_mount(
         "NodeGetCapabilities (kubelet)",
     );
     assert!(node_rpcs(&node_caps).contains(&NodeRpc::StageUnstageVolume));
-    let staging = kubelet.staging(&volume.volume_id);
+    let block = matches!(
+        cap.access_type,
+        Some(volume_capability::AccessType::Block(_))
+    );
+    let (pod_name, pod_uid) = pod;
+    let (staging, target) = if block {
+        (
+            kubelet.block_staging(&volume.volume_id),
+            kubelet.block_target(&volume.volume_id, pod_uid),
+        )
+    } else {
+        (
+            kubelet.staging(&volume.volume_id),
+            kubelet.pod_target(pod_uid, &volume.volume_id),
+        )
+    };
     ok(
         driver
             .node()
@@ -289,8 +304,6 @@ async fn attach_and_mount(
             .await,
         "NodeStageVolume (kubelet)",
     );
-    let (pod_name, pod_uid) = pod;
-    let target = kubelet.pod_target(pod_uid, &volume.volume_id);
     ok(
         driver
             .node()
@@ -307,7 +320,10 @@ async fn attach_and_mount(
             .await,
         "NodePublishVolume (kubelet)",
     );
-    assert!(mount_at(&target).is_some(), "the pod's volume is mounted");
+    assert!(
+        mount_at(&target).is_some(),
+        "the pod's volume is mounted or bound"
+    );
     Mounted {
         volume,
         cap,
@@ -764,66 +780,10 @@ async fn block_walk(driver: &Driver, kubelet: &Kubelet, overlay: Overlay, mode: 
     )
     .volume
     .expect("a volume");
-    let id = volume.volume_id.clone();
-    let publish_context = if overlay == Overlay::SingleNode {
-        ok(
-            driver
-                .controller()
-                .controller_publish_volume(ControllerPublishVolumeRequest {
-                    volume_id: id.clone(),
-                    node_id: NODE.to_owned(),
-                    volume_capability: Some(cap.clone()),
-                    volume_context: volume.volume_context.clone(),
-                    ..Default::default()
-                })
-                .await,
-            "ControllerPublishVolume block (external-attacher)",
-        )
-        .publish_context
-    } else {
-        HashMap::new()
-    };
-    let staging = kubelet.block_staging(&id);
-    ok(
-        driver
-            .node()
-            .node_stage_volume(NodeStageVolumeRequest {
-                volume_id: id.clone(),
-                publish_context: publish_context.clone(),
-                staging_target_path: staging.display().to_string(),
-                volume_capability: Some(cap.clone()),
-                volume_context: volume.volume_context.clone(),
-                ..Default::default()
-            })
-            .await,
-        "NodeStageVolume block (kubelet)",
-    );
-    let pod_uid = "c2d3e4f5-a6b7-4c8d-9e0f-1a2b3c4d5e6f";
-    let target = kubelet.block_target(&id, pod_uid);
-    ok(
-        driver
-            .node()
-            .node_publish_volume(NodePublishVolumeRequest {
-                volume_id: id.clone(),
-                publish_context,
-                staging_target_path: staging.display().to_string(),
-                target_path: target.display().to_string(),
-                volume_capability: Some(cap),
-                volume_context: with_pod_info(&volume.volume_context, "raw-user", pod_uid),
-                ..Default::default()
-            })
-            .await,
-        "NodePublishVolume block (kubelet)",
-    );
-    write_block(&target, 77);
-    verify_block(&target, 77);
-    let mounted = Mounted {
-        volume,
-        cap: block_cap_mode(mode),
-        staging,
-        target,
-        publish_context: HashMap::new(),
-    };
+    let pod = ("raw-user", "c2d3e4f5-a6b7-4c8d-9e0f-1a2b3c4d5e6f");
+    let mounted = attach_and_mount(driver, kubelet, overlay, volume, cap, pod).await;
+    write_block(&mounted.target, 77);
+    verify_block(&mounted.target, 77);
     unmount_detach_delete(driver, overlay, mounted).await;
 }
 

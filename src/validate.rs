@@ -190,11 +190,17 @@ pub fn name(field: &str, name: &str) -> Result<()> {
 
 /// Checks creation parameters. Known are the `csi.storage.k8s.io/` ones that Kubernetes
 /// sidecars add, and [`BACKEND_PARAMETER`], which must name the backend this driver runs
-/// (`backend_kind`), so that a StorageClass meant for another backend fails loudly.
+/// (`backend_kind`), so that a StorageClass meant for another backend fails loudly. Any
+/// other key goes to `backend_check`, the backend's own parameters (`deviceClass` of the
+/// lvm backend).
 ///
 /// # Errors
 /// `InvalidArgument` naming the first unknown key, or a backend this driver does not run.
-pub fn parameters(params: &HashMap<String, String>, backend_kind: &str) -> Result<()> {
+pub fn parameters(
+    params: &HashMap<String, String>,
+    backend_kind: &str,
+    backend_check: impl Fn(&str, &str) -> Result<()>,
+) -> Result<()> {
     let mut keys: Vec<&String> = params.keys().collect();
     keys.sort();
     for key in keys {
@@ -207,10 +213,12 @@ pub fn parameters(params: &HashMap<String, String>, backend_kind: &str) -> Resul
                 )));
             }
         } else if !key.starts_with(K8S_PARAMETER_PREFIX) {
-            return Err(Error::InvalidArgument(format!(
-                "parameter {:?} is not known to ferrovol (accepted: {BACKEND_PARAMETER} and {K8S_PARAMETER_PREFIX}*)",
-                clip(key)
-            )));
+            backend_check(key, &params[key]).map_err(|e| match e {
+                Error::InvalidArgument(why) => Error::InvalidArgument(format!(
+                    "{why} (ferrovol accepts {BACKEND_PARAMETER}, {K8S_PARAMETER_PREFIX}* and the backend's own)"
+                )),
+                other => other,
+            })?;
         }
     }
     Ok(())
@@ -218,7 +226,7 @@ pub fn parameters(params: &HashMap<String, String>, backend_kind: &str) -> Resul
 
 /// At most 64 characters of a request value, for an error message: a status message
 /// travels in a gRPC trailer, which clients cap in size.
-fn clip(value: &str) -> &str {
+pub fn clip(value: &str) -> &str {
     match value.char_indices().nth(64) {
         Some((cut, _)) => &value[..cut],
         None => value,
@@ -463,9 +471,20 @@ mod tests {
             ("csi.storage.k8s.io/pvc/name".to_owned(), "x".to_owned()),
             ("backend".to_owned(), "loop".to_owned()),
         ]);
-        assert!(parameters(&ok, "loop").is_ok());
-        assert!(parameters(&ok, "lvm").is_err());
+        let none = |key: &str, _: &str| Err(Error::InvalidArgument(format!("{key} unknown")));
+        assert!(parameters(&ok, "loop", none).is_ok());
+        assert!(parameters(&ok, "lvm", none).is_err());
         let bad = HashMap::from([("color".to_owned(), "blue".to_owned())]);
-        assert!(parameters(&bad, "loop").is_err());
+        assert!(parameters(&bad, "loop", none).is_err());
+        let class = |key: &str, _: &str| {
+            if key == "deviceClass" {
+                Ok(())
+            } else {
+                Err(Error::InvalidArgument(format!("{key} unknown")))
+            }
+        };
+        let lvm: HashMap<String, String> = [("deviceClass".to_owned(), "thin".to_owned())].into();
+        assert!(parameters(&lvm, "lvm", class).is_ok());
+        assert!(parameters(&lvm, "loop", none).is_err());
     }
 }

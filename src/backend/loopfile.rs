@@ -24,12 +24,12 @@ use std::sync::Mutex;
 
 use nix::unistd::{access, AccessFlags};
 
-use crate::backend::{Backend, PoolCapacity, Source, StorageStatus};
+use crate::backend::{Backend, Device, PoolCapacity, Source, StorageStatus};
 use crate::error::{Error, Result};
 use crate::ids::{ParsedId, SnapshotId, VolumeId};
 use crate::os::freeze::{self, FrozenFs};
 use crate::os::{clone, loopdev, mount, statfs};
-use crate::store::sync_dir;
+use crate::store::{sync_dir, SnapshotRecord, VolumeRecord};
 
 const SUFFIX: &str = ".img";
 const SNAPSHOT_DIR: &str = "snapshots";
@@ -235,7 +235,18 @@ impl Backend for LoopBackend {
             .map_err(|e| Error::sys("check write access to pool", &self.pool_dir, e))
     }
 
-    fn create(&self, id: &VolumeId, size_bytes: u64) -> Result<()> {
+    fn check_parameter(&self, key: &str, _value: &str) -> Result<()> {
+        Err(Error::InvalidArgument(format!(
+            "parameter {:?} is not known to the loop backend",
+            crate::validate::clip(key)
+        )))
+    }
+
+    fn round_size(&self, size_bytes: u64) -> u64 {
+        size_bytes
+    }
+
+    fn create(&self, id: &VolumeId, size_bytes: u64, _record: &VolumeRecord) -> Result<()> {
         let _allocating = self.allocation.lock().unwrap_or_else(|p| p.into_inner());
         let path = self.backing_file(id);
         let existing = self.unallocated_bytes(id)?;
@@ -302,7 +313,13 @@ impl Backend for LoopBackend {
         })
     }
 
-    fn create_from(&self, id: &VolumeId, source: Source<'_>, size_bytes: u64) -> Result<()> {
+    fn create_from(
+        &self,
+        id: &VolumeId,
+        source: Source<'_>,
+        size_bytes: u64,
+        _record: &VolumeRecord,
+    ) -> Result<()> {
         let _allocating = self.allocation.lock().unwrap_or_else(|p| p.into_inner());
         let src = match source {
             Source::Snapshot(s) => self.snapshot_file(s),
@@ -359,7 +376,12 @@ impl Backend for LoopBackend {
         file.sync_all().map_err(|e| Error::io("fsync", &path, e))
     }
 
-    fn snapshot(&self, volume: &VolumeId, snapshot: &SnapshotId) -> Result<u64> {
+    fn snapshot(
+        &self,
+        volume: &VolumeId,
+        snapshot: &SnapshotId,
+        _record: &SnapshotRecord,
+    ) -> Result<u64> {
         let src = self.backing_file(volume);
         if !src.exists() {
             return Err(Error::NotFound(format!(
@@ -428,4 +450,45 @@ impl Backend for LoopBackend {
         ids.sort();
         Ok(ids)
     }
+
+    fn devices(&self, id: &VolumeId) -> Result<Vec<Device>> {
+        loopdev::find_by_backing_file(&self.backing_file(id))?
+            .into_iter()
+            .map(|d| device_of(&d))
+            .collect()
+    }
+
+    fn attach(&self, id: &VolumeId, read_only: bool) -> Result<Device> {
+        if let Some(device) = self.devices(id)?.into_iter().next() {
+            return Ok(device);
+        }
+        device_of(&loopdev::attach(&self.backing_file(id), read_only)?)
+    }
+
+    fn detach(&self, _id: &VolumeId, device: &Device) -> Result<()> {
+        loopdev::detach(&loop_of(device)?)
+    }
+
+    fn refresh(&self, device: &Device) -> Result<()> {
+        loopdev::refresh_capacity(&loop_of(device)?)
+    }
+
+    fn holds_data(&self, id: &VolumeId) -> Result<bool> {
+        statfs::holds_data(&self.backing_file(id))
+    }
+}
+
+/// The backend's view of a loop device.
+fn device_of(device: &loopdev::LoopDevice) -> Result<Device> {
+    Ok(Device {
+        storage_deleted: device.backing_deleted,
+        ..Device::at(&device.path)?
+    })
+}
+
+/// The loop device behind a [`Device`] this backend made.
+fn loop_of(device: &Device) -> Result<loopdev::LoopDevice> {
+    loopdev::loop_by_rdev(device.rdev)
+        .map(|(number, _)| loopdev::LoopDevice::numbered(number))
+        .ok_or_else(|| Error::Internal(format!("{} is not a loop device", device.path.display())))
 }

@@ -100,7 +100,9 @@ pub(super) async fn create_volume(
 ) -> Result<CreateVolumeResponse> {
     validate::name("name", &req.name)?;
     let caps = validate::capabilities("volume_capabilities", &req.volume_capabilities)?;
-    validate::parameters(&req.parameters, driver.backend.kind())?;
+    validate::parameters(&req.parameters, driver.backend.kind(), |k, v| {
+        driver.backend.check_parameter(k, v)
+    })?;
     let source = requested_source(req.volume_content_source.as_ref())?;
     let id = VolumeId::from_name(&req.name);
     // A retry of a CreateVolume that already succeeded must find its volume even if the
@@ -117,6 +119,7 @@ pub(super) async fn create_volume(
         .max()
         .unwrap_or(validate::MIN_SIZE);
     let size = validate::volume_size(req.capacity_range.as_ref(), min_bytes)?;
+    let size = rounded(driver, size, req.capacity_range.as_ref())?;
     if !validate::topology_allows(&driver.config, req.accessibility_requirements.as_ref()) {
         return Err(Error::ResourceExhausted(format!(
             "accessibility_requirements name no topology this driver can serve: it provisions only on {}={}",
@@ -146,11 +149,26 @@ pub(super) async fn create_volume(
                     volume: Some(volume_message(&d, &existing)),
                 });
             }
+            let record = VolumeRecord {
+                volume_id: id.to_string(),
+                name: req.name,
+                capacity_bytes: size,
+                node_id: d.config.node_id.clone(),
+                parameters,
+                created_at: SystemTime::now()
+                    .duration_since(UNIX_EPOCH)
+                    .map_or(0, |t| t.as_secs()),
+                published: BTreeMap::new(),
+                content_source: source,
+            };
             let backend = Arc::clone(&d.backend);
             let create_id = id.clone();
-            let content_source = source;
-            match content_source.clone() {
-                None => d.blocking(move || backend.create(&create_id, size)).await?,
+            let described = record.clone();
+            match record.content_source.clone() {
+                None => {
+                    d.blocking(move || backend.create(&create_id, size, &described))
+                        .await?
+                }
                 Some(from) => {
                     // The source stays put (no delete, no expand) while it is copied.
                     let source_key = match &from {
@@ -170,23 +188,11 @@ pub(super) async fn create_volume(
                                 Source::Volume(&volume)
                             }
                         };
-                        backend.create_from(&create_id, source, size)
+                        backend.create_from(&create_id, source, size, &described)
                     })
                     .await?
                 }
             }
-            let record = VolumeRecord {
-                volume_id: id.to_string(),
-                name: req.name,
-                capacity_bytes: size,
-                node_id: d.config.node_id.clone(),
-                parameters,
-                created_at: SystemTime::now()
-                    .duration_since(UNIX_EPOCH)
-                    .map_or(0, |t| t.as_secs()),
-                published: BTreeMap::new(),
-                content_source,
-            };
             let stored = Arc::clone(&d);
             let to_store = record.clone();
             let put = d
@@ -204,6 +210,23 @@ pub(super) async fn create_volume(
             })
         })
         .await
+}
+
+/// `size` rounded up to the backend's allocation unit, still within `limit_bytes`.
+pub(super) fn rounded(
+    driver: &Driver,
+    size: u64,
+    range: Option<&crate::csi::v1::CapacityRange>,
+) -> Result<u64> {
+    let rounded = driver.backend.round_size(size);
+    let limit = range.map_or(0, |r| u64::try_from(r.limit_bytes).unwrap_or(0));
+    if limit > 0 && rounded > limit {
+        return Err(Error::OutOfRange(format!(
+            "{size} bytes round up to {rounded} (the {} backend's allocation unit), above limit_bytes {limit}",
+            driver.backend.kind()
+        )));
+    }
+    Ok(rounded)
 }
 
 /// Whether an existing volume satisfies a repeated CreateVolume.

@@ -37,6 +37,7 @@ pub(super) async fn expand_volume(
         validate::capability("volume_capability", Some(cap))?;
     }
     let size = validate::volume_size(Some(&range), validate::MIN_SIZE)?;
+    let size = super::create::rounded(driver, size, Some(&range))?;
     let key = id.to_string();
     driver
         .locked(&key, move |d| async move {

@@ -114,7 +114,9 @@ pub(super) fn validate_capabilities(
         confirmed: None,
         message,
     };
-    if let Err(e) = validate::parameters(&req.parameters, driver.backend.kind()) {
+    if let Err(e) = validate::parameters(&req.parameters, driver.backend.kind(), |k, v| {
+        driver.backend.check_parameter(k, v)
+    }) {
         return Ok(unconfirmed(e.to_string()));
     }
     let caps = match validate::capabilities("volume_capabilities", &req.volume_capabilities) {

@@ -117,7 +117,9 @@ pub(super) async fn get_capacity(
     {
         return Ok(zero);
     }
-    validate::parameters(&req.parameters, driver.backend.kind())?;
+    validate::parameters(&req.parameters, driver.backend.kind(), |k, v| {
+        driver.backend.check_parameter(k, v)
+    })?;
     for (i, cap) in req.volume_capabilities.iter().enumerate() {
         validate::capability_shape(&format!("volume_capabilities[{i}]"), cap)?;
     }

@@ -42,7 +42,9 @@ pub(super) async fn create_snapshot(
 ) -> Result<CreateSnapshotResponse> {
     validate::name("name", &req.name)?;
     let source = VolumeId::parse_ours("source_volume_id", &req.source_volume_id)?;
-    validate::parameters(&req.parameters, driver.backend.kind())?;
+    validate::parameters(&req.parameters, driver.backend.kind(), |k, v| {
+        driver.backend.check_parameter(k, v)
+    })?;
     let id = SnapshotId::from_name(&req.name);
     let key = id.to_string();
     driver
@@ -58,30 +60,32 @@ pub(super) async fn create_snapshot(
                     snapshot: Some(snapshot_message(&existing)),
                 });
             }
-            if !d.volumes.contains(source.as_str()) {
+            let Some(source_record) = d.volumes.get(source.as_str()) else {
                 return Err(Error::NotFound(format!(
                     "source volume {source} does not exist"
                 )));
-            }
+            };
             // The source stays put while it is copied.
             let _source_guard = d.locks.try_lock(source.as_str())?;
             let backend = Arc::clone(&d.backend);
             let (copy_source, copy_id) = (source.clone(), id.clone());
-            let size = d
-                .blocking(move || backend.snapshot(&copy_source, &copy_id))
-                .await?;
             let now = SystemTime::now()
                 .duration_since(UNIX_EPOCH)
                 .unwrap_or_default();
-            let record = SnapshotRecord {
+            let mut record = SnapshotRecord {
                 snapshot_id: id.to_string(),
                 name: req.name,
                 source_volume_id: source.to_string(),
-                size_bytes: size,
+                size_bytes: source_record.capacity_bytes,
                 created_secs: i64::try_from(now.as_secs()).unwrap_or(i64::MAX),
                 created_nanos: i32::try_from(now.subsec_nanos()).unwrap_or(0),
                 parameters: req.parameters.into_iter().collect::<BTreeMap<_, _>>(),
             };
+            let described = record.clone();
+            record.size_bytes = d
+                .blocking(move || backend.snapshot(&copy_source, &copy_id, &described))
+                .await?;
+            let size = record.size_bytes;
             let stored = Arc::clone(&d);
             let to_store = record.clone();
             let put = d

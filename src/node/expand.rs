@@ -11,7 +11,6 @@
 //! the request fails with FAILED_PRECONDITION saying so; the filesystem then grows
 //! offline the next time the volume is staged.
 
-use std::path::Path;
 use std::sync::Arc;
 
 use tracing::info;
@@ -40,6 +39,7 @@ pub(super) async fn expand(
     let (wanted, limit) = match req.capacity_range.as_ref() {
         Some(range) if range.required_bytes != 0 || range.limit_bytes != 0 => {
             let size = validate::volume_size(Some(range), validate::MIN_SIZE)?;
+            let size = driver.backend.round_size(size);
             let limit = u64::try_from(range.limit_bytes).unwrap_or(0);
             (Some(size), limit)
         }
@@ -52,8 +52,7 @@ pub(super) async fn expand(
     driver
         .locked(&key, move |d| async move {
             let stored_bytes = super::require_storage(&d, &id).await?;
-            let backing = d.backend.source_path(&id);
-            let device = devices_of(&d, &backing)
+            let device = devices_of(&d, &id)
                 .await?
                 .into_iter()
                 .next()
@@ -75,7 +74,7 @@ pub(super) async fn expand(
                     let table = mount::read_mountinfo()?;
                     let entry = mount::mount_at(&table, &check_path);
                     if loopdev::is_block_device(&check_path) {
-                        let same = loopdev::rdev_of(&check_path)? == loopdev::rdev_of(&check_device.path)?;
+                        let same = loopdev::rdev_of(&check_path)? == check_device.rdev;
                         if entry.is_none() || !(same || recorded) {
                             return Err(Error::NotFound(format!(
                                 "volume_path {} is not a device of volume {check_id}",
@@ -85,7 +84,7 @@ pub(super) async fn expand(
                         return Ok(None);
                     }
                     let entry = entry
-                        .filter(|m| Path::new(&m.source) == check_device.path)
+                        .filter(|m| check_device.is_source_of(m))
                         .ok_or_else(|| {
                             Error::NotFound(format!(
                                 "volume_path {} is not a mount of volume {check_id}",
@@ -108,9 +107,10 @@ pub(super) async fn expand(
                 grow_storage(&d, &id, stored_bytes, size, limit).await?;
             }
             let refreshed = device.clone();
+            let backend = Arc::clone(&d.backend);
             let size = d
                 .blocking(move || {
-                    loopdev::refresh_capacity(&refreshed)?;
+                    backend.refresh(&refreshed)?;
                     refreshed.size_bytes()
                 })
                 .await?;

@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use tonic::{Request, Response, Status};
 
-use crate::backend::StorageStatus;
+use crate::backend::{Device, StorageStatus};
 use crate::config::FsType;
 use crate::csi::v1::node_server::Node;
 use crate::csi::v1::node_service_capability::rpc::Type as Rpc;
@@ -25,7 +25,6 @@ use crate::csi::v1::*;
 use crate::driver::Driver;
 use crate::error::{Error, Result};
 use crate::ids::VolumeId;
-use crate::os::loopdev::{self, LoopDevice};
 use crate::os::{paths, superblock};
 use crate::rpc::{self, Subject};
 use crate::validate;
@@ -99,12 +98,19 @@ async fn checked_path(driver: &Arc<Driver>, field: &str, raw: &str) -> Result<Pa
     Ok(path)
 }
 
-/// Loop devices attached to a backing file, found on a blocking thread.
-async fn devices_of(driver: &Driver, backing: &Path) -> Result<Vec<LoopDevice>> {
-    let backing = backing.to_owned();
-    driver
-        .blocking(move || loopdev::find_by_backing_file(&backing))
-        .await
+/// The devices that serve volume `id` on this node, found on a blocking thread.
+async fn devices_of(driver: &Driver, id: &VolumeId) -> Result<Vec<Device>> {
+    let backend = Arc::clone(&driver.backend);
+    let id = id.clone();
+    driver.blocking(move || backend.devices(&id)).await
+}
+
+/// Whether the storage of volume `id` exists, found on a blocking thread.
+async fn storage_exists(driver: &Driver, id: &VolumeId) -> Result<bool> {
+    let backend = Arc::clone(&driver.backend);
+    let id = id.clone();
+    let status = driver.blocking(move || backend.status(&id)).await?;
+    Ok(matches!(status, StorageStatus::Present { .. }))
 }
 
 /// Whether the filesystem on `device` is clearly smaller than the device. A few MiB of
@@ -112,7 +118,7 @@ async fn devices_of(driver: &Driver, backing: &Path) -> Result<Vec<LoopDevice>> 
 /// group too small for its metadata).
 pub(super) async fn smaller_than_device(
     driver: &Arc<Driver>,
-    device: &LoopDevice,
+    device: &Device,
     fs: FsType,
 ) -> Result<bool> {
     const SLACK: u64 = 4 << 20;

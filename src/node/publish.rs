@@ -1,7 +1,7 @@
 //! NodePublishVolume and NodeUnpublishVolume: bind mounts into the pod's target path.
 //!
 //! A mount volume is published by binding its staging mount onto a target directory; a
-//! block volume by binding its loop device node onto a target file. A target is only ever
+//! block volume by binding its device node onto a target file. A target is only ever
 //! unmounted after it was shown to be a mount of this volume.
 
 use std::path::{Path, PathBuf};
@@ -10,6 +10,7 @@ use std::sync::Arc;
 use nix::mount::MsFlags;
 use tracing::info;
 
+use crate::backend::Device;
 use crate::csi::v1::volume_capability::access_mode::Mode;
 use crate::csi::v1::{
     NodePublishVolumeRequest, NodePublishVolumeResponse, NodeUnpublishVolumeRequest,
@@ -18,7 +19,7 @@ use crate::csi::v1::{
 use crate::driver::Driver;
 use crate::error::{Error, Result};
 use crate::ids::VolumeId;
-use crate::os::loopdev::{self, LoopDevice};
+use crate::os::loopdev;
 use crate::os::mount::{self, MountEntry};
 use crate::os::paths;
 use crate::store::{StagedAccess, TargetRecord};
@@ -28,31 +29,24 @@ use super::devices_of;
 
 /// Whether the mount at a target belongs to this volume.
 ///
-/// A filesystem mount belongs when its source is one of the volume's loop devices. A block
-/// target (a bound device node) belongs when it is one of those devices, or when the
-/// driver recorded publishing it there (`recorded`): its loop device may have been
+/// A filesystem mount belongs when it is a filesystem on one of the volume's devices. A
+/// block target (a bound device node) belongs when it is one of those devices, or when
+/// the driver recorded publishing it there (`recorded`): its loop device may have been
 /// detached behind the driver's back, or even reused by another volume since, and the
 /// stale bind must still be cleanable by the volume that made it.
 pub(super) fn is_ours(
     entry: &MountEntry,
     target: &Path,
-    devices: &[LoopDevice],
+    devices: &[Device],
     recorded: bool,
 ) -> bool {
-    if devices.iter().any(|d| Path::new(&entry.source) == d.path) {
+    if devices.iter().any(|d| d.is_source_of(entry)) {
         return true;
     }
     if !loopdev::is_block_device(target) {
         return false;
     }
-    recorded
-        || match loopdev::rdev_of(target)
-            .ok()
-            .and_then(loopdev::loop_by_rdev)
-        {
-            Some((number, _)) => devices.iter().any(|d| d.number == number),
-            None => false,
-        }
+    recorded || loopdev::rdev_of(target).is_ok_and(|rdev| devices.iter().any(|d| d.rdev == rdev))
 }
 
 /// Why a further publish would break the access mode of the volume's live targets.
@@ -135,10 +129,9 @@ pub(super) async fn publish(
                 Access::Mount { mount_flags, .. } => mount_flags.clone(),
                 Access::Block => Vec::new(),
             };
-            let backing = d.backend.source_path(&id);
-            let device = devices_of(&d, &backing).await?.into_iter().next().ok_or_else(|| {
+            let device = devices_of(&d, &id).await?.into_iter().next().ok_or_else(|| {
                 Error::FailedPrecondition(format!(
-                    "volume {id} has no loop device on this node (was the node rebooted?); stage it again"
+                    "volume {id} has no device on this node (was the node rebooted?); stage it again"
                 ))
             })?;
             let entry = TargetRecord {
@@ -190,7 +183,7 @@ fn check_existing(
     id: &VolumeId,
     existing: &MountEntry,
     target: &Path,
-    device: &LoopDevice,
+    device: &Device,
     read_only: bool,
     recorded: bool,
 ) -> Result<()> {
@@ -215,7 +208,7 @@ fn check_existing(
 fn bind_target(
     id: &VolumeId,
     table: &[MountEntry],
-    device: &LoopDevice,
+    device: &Device,
     staging: &Path,
     target: &Path,
     block: bool,
@@ -226,7 +219,7 @@ fn bind_target(
         MsFlags::MS_NOSUID
     } else {
         match mount::mount_at(table, staging) {
-            Some(m) if Path::new(&m.source) == device.path => {}
+            Some(m) if device.is_source_of(m) => {}
             _ => {
                 return Err(Error::FailedPrecondition(format!(
                     "volume {id} has no filesystem mounted at its staging path {}; stage it again",
@@ -263,10 +256,10 @@ pub(super) async fn unpublish(
     let key = id.to_string();
     driver
         .locked(&key, move |d| async move {
-            let backing = d.backend.source_path(&id);
-            let devices = devices_of(&d, &backing).await?;
+            let devices = devices_of(&d, &id).await?;
             let record = d.staged.get(id.as_str());
-            let known = record.is_some() || !devices.is_empty();
+            let known =
+                record.is_some() || !devices.is_empty() || super::storage_exists(&d, &id).await?;
             let recorded = record
                 .as_ref()
                 .is_some_and(|r| r.targets.contains_key(&target));
@@ -289,7 +282,7 @@ pub(super) async fn unpublish(
                     mount::unmount(&unmount_target)?;
                     unmounted = true;
                 }
-                if !unmounted && !known && !paths::exists(&backing) {
+                if !unmounted && !known {
                     return Err(Error::NotFound(format!(
                         "volume {unpublish_id} does not exist"
                     )));

@@ -1,11 +1,13 @@
 //! NodeStageVolume and NodeUnstageVolume.
 //!
-//! Staging attaches the backing file to a loop device and, for mount access, mounts its
-//! filesystem at the staging path, creating the filesystem only on a blank device.
+//! Staging makes the volume's device on this node (the backend attaches a loop device or
+//! activates a logical volume) and, for mount access, mounts its filesystem at the staging
+//! path, creating the filesystem only on a blank device.
 //!
 //! # Design
-//! "Blank" is decided twice: blkid must find no signature at all, and the backing file
-//! must hold no written data (`SEEK_DATA` finds nothing). A device that a crash left half
+//! "Blank" is decided twice: blkid must find no signature at all, and the backend must
+//! know of no written data (`SEEK_DATA` finds nothing in a backing file; a thin LV has no
+//! mapped blocks). A device that a crash left half
 //! formatted is recognised by the `formatting` flag that the stage record carries while
 //! mkfs runs. So no path formats a device that holds data, also when blkid misses it.
 
@@ -15,6 +17,7 @@ use std::sync::Arc;
 use nix::mount::MsFlags;
 use tracing::{info, warn};
 
+use crate::backend::Device;
 use crate::config::FsType;
 use crate::csi::v1::{
     NodeStageVolumeRequest, NodeStageVolumeResponse, NodeUnstageVolumeRequest,
@@ -23,10 +26,10 @@ use crate::csi::v1::{
 use crate::driver::Driver;
 use crate::error::{Error, Result};
 use crate::ids::VolumeId;
-use crate::os::loopdev::{self, LoopDevice};
+use crate::os::loopdev;
 use crate::os::mount::{self, MountEntry};
 use crate::os::tools::{self, Content};
-use crate::os::{grow, paths, statfs};
+use crate::os::{grow, paths};
 use crate::store::{StageRecord, StagedAccess};
 use crate::validate::{self, Access};
 
@@ -82,13 +85,14 @@ pub(super) async fn stage(
             if previous.is_none() {
                 put_record(&d, &record).await?;
             }
-            let backing = d.backend.source_path(&id);
             let mut attached_now = None;
-            let result = stage_steps(&d, &backing, &mut record, read_only, &mut attached_now).await;
+            let result = stage_steps(&d, &id, &mut record, read_only, &mut attached_now).await;
             if let Err(e) = &result {
                 // Leave nothing this call made behind, so the failure is clean to retry.
                 if let Some(device) = attached_now {
-                    if let Err(detach) = d.blocking(move || loopdev::detach(&device)).await {
+                    let backend = Arc::clone(&d.backend);
+                    let detach_id = id.clone();
+                    if let Err(detach) = d.blocking(move || backend.detach(&detach_id, &device)).await {
                         warn!(cause = %detach, "could not detach after a failed stage");
                     }
                 }
@@ -118,20 +122,21 @@ async fn put_record(driver: &Arc<Driver>, record: &StageRecord) -> Result<()> {
 
 async fn stage_steps(
     driver: &Arc<Driver>,
-    backing: &Path,
+    id: &VolumeId,
     record: &mut StageRecord,
     read_only: bool,
-    attached_now: &mut Option<LoopDevice>,
+    attached_now: &mut Option<Device>,
 ) -> Result<()> {
-    let device = match devices_of(driver, backing).await?.into_iter().next() {
+    let device = match devices_of(driver, id).await?.into_iter().next() {
         Some(device) => device,
         None => {
-            let backing = backing.to_owned();
+            let backend = Arc::clone(&driver.backend);
+            let attach_id = id.clone();
             // A block volume staged for reading only gets a device that refuses writes; a
             // mount volume is protected by its read-only mount (and may need mkfs first).
             let read_only = read_only && record.access == StagedAccess::Block;
             let device = driver
-                .blocking(move || loopdev::attach(&backing, read_only))
+                .blocking(move || backend.attach(&attach_id, read_only))
                 .await?;
             *attached_now = Some(device.clone());
             device
@@ -147,7 +152,7 @@ async fn stage_steps(
     let staging = record.staging_path.clone();
     let table = driver.blocking(mount::read_mountinfo).await?;
     if let Some(m) = mount::mount_at(&table, &staging) {
-        if Path::new(&m.source) == device.path {
+        if device.is_source_of(m) {
             return Ok(());
         }
         return Err(Error::FailedPrecondition(format!(
@@ -156,7 +161,7 @@ async fn stage_steps(
             m.source
         )));
     }
-    let existed = ensure_filesystem(driver, backing, &device, fs_type, record).await?;
+    let existed = ensure_filesystem(driver, id, &device, fs_type, record).await?;
     // A filesystem smaller than its device (restored or cloned into a larger volume, or
     // expanded while not staged) is grown: ext4 offline before the mount, which needs no
     // CAP_SYS_RESOURCE; XFS and btrfs online after it, the only way they grow.
@@ -226,8 +231,8 @@ async fn stage_steps(
 /// is blank.
 async fn ensure_filesystem(
     driver: &Arc<Driver>,
-    backing: &Path,
-    device: &LoopDevice,
+    id: &VolumeId,
+    device: &Device,
     fs_type: FsType,
     record: &mut StageRecord,
 ) -> Result<bool> {
@@ -250,9 +255,10 @@ async fn ensure_filesystem(
             record.volume_id
         ))),
         Content::Nothing => {
-            let data_path = backing.to_owned();
+            let backend = Arc::clone(&driver.backend);
+            let data_id = id.clone();
             let has_data = driver
-                .blocking(move || statfs::holds_data(&data_path))
+                .blocking(move || backend.holds_data(&data_id))
                 .await?;
             if has_data && !record.formatting {
                 return Err(Error::FailedPrecondition(format!(
@@ -275,16 +281,14 @@ async fn ensure_filesystem(
 /// staging mount, and recorded block targets that still hold one of its device nodes.
 fn still_published(
     table: &[MountEntry],
-    devices: &[LoopDevice],
-    rdevs: &[u64],
+    devices: &[Device],
     staging: &Path,
     record: Option<&StageRecord>,
 ) -> Vec<PathBuf> {
+    let rdevs: Vec<u64> = devices.iter().map(|d| d.rdev).collect();
     let mut found: Vec<PathBuf> = table
         .iter()
-        .filter(|m| {
-            m.mount_point != staging && devices.iter().any(|d| Path::new(&m.source) == d.path)
-        })
+        .filter(|m| m.mount_point != staging && devices.iter().any(|d| d.is_source_of(m)))
         .map(|m| m.mount_point.clone())
         .collect();
     for target in record.map(|r| r.targets.keys()).into_iter().flatten() {
@@ -308,24 +312,20 @@ pub(super) async fn unstage(
     let key = id.to_string();
     driver
         .locked(&key, move |d| async move {
-            let backing = d.backend.source_path(&id);
-            let devices = devices_of(&d, &backing).await?;
-            if devices.is_empty() && !d.staged.contains(id.as_str()) {
-                let exists_path = backing.clone();
-                if !d.blocking(move || Ok(paths::exists(&exists_path))).await? {
-                    return Err(Error::NotFound(format!("volume {id} does not exist")));
-                }
+            let devices = devices_of(&d, &id).await?;
+            if devices.is_empty()
+                && !d.staged.contains(id.as_str())
+                && !super::storage_exists(&d, &id).await?
+            {
+                return Err(Error::NotFound(format!("volume {id} does not exist")));
             }
             let unstage_id = id.clone();
             let stored = Arc::clone(&d);
             let record = d.staged.get(id.as_str());
+            let backend = Arc::clone(&d.backend);
             d.blocking(move || {
-                let rdevs: Vec<u64> = devices
-                    .iter()
-                    .filter_map(|dev| loopdev::rdev_of(&dev.path).ok())
-                    .collect();
                 let table = mount::read_mountinfo()?;
-                let still = still_published(&table, &devices, &rdevs, &staging, record.as_ref());
+                let still = still_published(&table, &devices, &staging, record.as_ref());
                 if !still.is_empty() {
                     return Err(Error::FailedPrecondition(format!(
                         "volume {unstage_id} is still mounted at {still:?}; unpublish it first"
@@ -335,7 +335,7 @@ pub(super) async fn unstage(
                 let mut table = table;
                 for _ in 0..8 {
                     match mount::mount_at(&table, &staging) {
-                        Some(m) if devices.iter().any(|dev| Path::new(&m.source) == dev.path) => {
+                        Some(m) if devices.iter().any(|dev| dev.is_source_of(m)) => {
                             mount::unmount(&staging)?;
                             table = mount::read_mountinfo()?;
                         }
@@ -353,7 +353,7 @@ pub(super) async fn unstage(
                     }
                 }
                 for device in &devices {
-                    loopdev::detach(device)?;
+                    backend.detach(&unstage_id, device)?;
                 }
                 stored.staged.remove(unstage_id.as_str())
             })

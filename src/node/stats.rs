@@ -1,13 +1,14 @@
 //! NodeGetVolumeStats: usage and condition of a published or staged volume.
 //!
-//! The path must be shown to be this volume's before anything is reported: a mount whose
-//! source is the volume's loop device, or a block device node that is that loop device.
-//! The condition turns abnormal when the backing file was deleted or the loop device was
-//! detached behind the driver's back.
+//! The path must be shown to be this volume's before anything is reported: a filesystem on
+//! one of the volume's devices, or a block device node that is one of them. The condition
+//! turns abnormal when the storage (backing file, logical volume) was deleted or the
+//! device was detached behind the driver's back.
 
 use std::path::Path;
 use std::sync::Arc;
 
+use crate::backend::{Device, StorageStatus};
 use crate::csi::v1::volume_usage::Unit;
 use crate::csi::v1::{
     NodeGetVolumeStatsRequest, NodeGetVolumeStatsResponse, VolumeCondition, VolumeUsage,
@@ -15,7 +16,7 @@ use crate::csi::v1::{
 use crate::driver::Driver;
 use crate::error::{Error, Result};
 use crate::ids::VolumeId;
-use crate::os::loopdev::{self, LoopDevice};
+use crate::os::loopdev;
 use crate::os::{mount, paths, statfs};
 
 fn usage(unit: Unit, total: u64, available: u64, used: u64) -> VolumeUsage {
@@ -44,7 +45,7 @@ pub(super) async fn volume_stats(
     if !req.staging_target_path.is_empty() {
         super::checked_path(driver, "staging_target_path", &req.staging_target_path).await?;
     }
-    let backing = driver.backend.source_path(&id);
+    let backend = Arc::clone(&driver.backend);
     let recorded = driver
         .staged
         .get(id.as_str())
@@ -57,14 +58,13 @@ pub(super) async fn volume_stats(
                     path.display()
                 )));
             }
-            let devices = loopdev::find_by_backing_file(&backing)?;
-            let backing_problem = if !paths::exists(&backing) {
-                Some(format!(
-                    "backing file {} of volume {id} is gone",
-                    backing.display()
-                ))
-            } else {
-                None
+            let devices = backend.devices(&id)?;
+            let backing_problem = match backend.status(&id)? {
+                StorageStatus::Missing => Some(format!(
+                    "the storage of volume {id} ({}) is gone",
+                    backend.source_path(&id).display()
+                )),
+                StorageStatus::Present { .. } => None,
             };
             if loopdev::is_block_device(&path) {
                 block_stats(&id, &path, &devices, backing_problem, recorded)
@@ -78,7 +78,7 @@ pub(super) async fn volume_stats(
 fn block_stats(
     id: &VolumeId,
     path: &Path,
-    devices: &[LoopDevice],
+    devices: &[Device],
     backing_problem: Option<String>,
     recorded: bool,
 ) -> Result<NodeGetVolumeStatsResponse> {
@@ -89,28 +89,32 @@ fn block_stats(
             path.display()
         ))
     };
-    let (number, backing) = loopdev::loop_by_rdev(rdev).ok_or_else(not_ours)?;
-    let Some(device) = devices.iter().find(|d| d.number == number) else {
+    let Some(device) = devices.iter().find(|d| d.rdev == rdev) else {
         // Not (or no longer) one of the volume's devices. If the driver published it here,
         // the device was detached, or detached and reused, behind its back.
         if !recorded {
             return Err(not_ours());
         }
-        let what = match backing {
-            None => "was detached".to_owned(),
-            Some(other) => format!("was detached and now serves {other}"),
+        let what = match loopdev::loop_by_rdev(rdev) {
+            Some((number, None)) => {
+                format!("loop device /dev/loop{number} of volume {id} was detached")
+            }
+            Some((number, Some(other))) => format!(
+                "loop device /dev/loop{number} of volume {id} was detached and now serves {other}"
+            ),
+            None => format!("device {} of volume {id} was detached", path.display()),
         };
         return Ok(NodeGetVolumeStatsResponse {
             usage: Vec::new(),
             volume_condition: condition(Some(format!(
-                "loop device /dev/loop{number} of volume {id} {what}; the volume is unreachable until it is staged again"
+                "{what}; the volume is unreachable until it is staged again"
             ))),
         });
     };
     let size = device.size_bytes()?;
     let problem = backing_problem.or_else(|| {
         device
-            .backing_deleted
+            .storage_deleted
             .then(|| format!("backing file of volume {id} was deleted while attached"))
     });
     Ok(NodeGetVolumeStatsResponse {
@@ -122,7 +126,7 @@ fn block_stats(
 fn mount_stats(
     id: &VolumeId,
     path: &Path,
-    devices: &[LoopDevice],
+    devices: &[Device],
     backing_problem: Option<String>,
 ) -> Result<NodeGetVolumeStatsResponse> {
     let table = mount::read_mountinfo()?;
@@ -134,7 +138,7 @@ fn mount_stats(
     })?;
     let device = devices
         .iter()
-        .find(|d| Path::new(&entry.source) == d.path)
+        .find(|d| d.is_source_of(entry))
         .ok_or_else(|| {
             Error::NotFound(format!(
                 "volume_path {} is a mount of {}, not of volume {id}",
@@ -145,7 +149,7 @@ fn mount_stats(
     let fs = statfs::usage(path)?;
     let problem = backing_problem.or_else(|| {
         device
-            .backing_deleted
+            .storage_deleted
             .then(|| format!("backing file of volume {id} was deleted while attached"))
     });
     let mut usages = vec![usage(

@@ -97,6 +97,11 @@ impl LoopDevice {
         }
     }
 
+    /// `/dev/loopN` as a value, attached or not.
+    pub fn numbered(number: u32) -> Self {
+        LoopDevice::new(number, false)
+    }
+
     /// The kernel's name of the device, `loopN`.
     pub fn name(&self) -> String {
         format!("loop{}", self.number)

@@ -1,0 +1,1 @@
+//! The lvm backend (placeholder while it is written).

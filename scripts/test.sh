@@ -54,8 +54,12 @@ fi
 echo "== cargo test"
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
+rm -f target/vm/lvm-suite-passed
 cargo test --all-targets -- --test-threads "${FERROVOL_TEST_THREADS:-4}" 2>&1 | tee "$log"
 # One closing line over every test binary (cargo's own last line belongs to whichever
 # target ran last, often one with no tests).
-awk '/^test result:/ { p += $4; f += $6; i += $8 }
-     END { printf "ferrovol: %d passed, %d failed, %d skipped\n", p, f, i; exit (p == 0 || f > 0) }' "$log"
+# Ignored tests are the lvm backend's own: they need device-mapper, so they run inside the
+# LVM guest (sanity's lvm_guest test boots it), not on the host.
+awk -v g="$(cat target/vm/lvm-suite-passed 2>/dev/null || echo 0)" '/^test result:/ { p += $4; f += $6; i += $8 }
+     END { printf "ferrovol: %d passed, %d failed, %d ignored on the host (lvm-only, run in the guest); %d tests passed in the LVM guest\n", p, f, i, g
+           exit (p == 0 || f > 0 || g == 0) }' "$log"

@@ -71,6 +71,58 @@ impl FsType {
     }
 }
 
+/// Which backend holds the volumes, with its settings.
+#[derive(Debug, Clone, PartialEq)]
+pub enum BackendConfig {
+    /// Sparse files in `Config::pool_dir`, attached as loop devices (the default).
+    Loop,
+    /// Logical volumes in the volume groups of these device classes.
+    Lvm(crate::backend::lvm::classes::LvmConfig),
+}
+
+/// The YAML file given with `--config`: the backend and its pools. Flags given on the
+/// command line win over it.
+///
+/// ```yaml
+/// backend: lvm            # or loop
+/// poolDir: /var/lib/ferrovol/pool   # loop only
+/// lvm:
+///   deviceClasses:
+///     - name: thin
+///       volumeGroup: vg0
+///       type: thin        # or linear
+///       thinPool: pool0
+///       overprovisionRatio: 4
+///       default: true
+/// ```
+#[derive(Debug, Clone, PartialEq, Default, serde::Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct FileConfig {
+    /// `loop` or `lvm`.
+    #[serde(default)]
+    pub backend: Option<String>,
+    /// The loop backend's pool directory.
+    #[serde(default)]
+    pub pool_dir: Option<PathBuf>,
+    /// The lvm backend's device classes.
+    #[serde(default)]
+    pub lvm: Option<crate::backend::lvm::classes::LvmConfig>,
+}
+
+impl FileConfig {
+    /// Reads and parses a configuration file.
+    ///
+    /// # Errors
+    /// `Io` when it cannot be read; `InvalidArgument` saying where it does not parse.
+    pub fn load(path: &std::path::Path) -> crate::error::Result<Self> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| crate::error::Error::io("read configuration", path, e))?;
+        serde_norway::from_str(&text).map_err(|e| {
+            crate::error::Error::InvalidArgument(format!("configuration {}: {e}", path.display()))
+        })
+    }
+}
+
 /// Everything a service needs to know about its surroundings.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -82,6 +134,8 @@ pub struct Config {
     pub state_dir: PathBuf,
     /// Where the loop backend keeps its sparse backing files.
     pub pool_dir: PathBuf,
+    /// The backend and its settings.
+    pub backend: BackendConfig,
     /// The volume limit NodeGetInfo reports; 0 means no limit.
     pub max_volumes_per_node: i64,
     /// Filesystem for mount volumes whose capability names none.
@@ -115,6 +169,7 @@ impl Config {
             node_id: node_id.into(),
             state_dir,
             pool_dir,
+            backend: BackendConfig::Loop,
             max_volumes_per_node: 0,
             default_fs_type: FsType::Ext4,
             mode: Mode::All,

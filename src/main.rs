@@ -9,10 +9,20 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use ferrovol::admin::{self, Output, Paths};
-use ferrovol::config::{Config, Expansion, FsType, Mode};
+use ferrovol::backend::lvm::classes::{ClassKind, DeviceClass, LvmConfig};
+use ferrovol::config::{BackendConfig, Config, Expansion, FileConfig, FsType, Mode};
 use ferrovol::server::{self, Endpoint};
 use tokio::signal::unix::{signal, SignalKind};
 use tracing::{error, info};
+
+/// `--backend`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum BackendKind {
+    /// Sparse files attached as loop devices.
+    Loop,
+    /// Logical volumes of lvm2.
+    Lvm,
+}
 
 /// How log lines are written.
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -23,7 +33,7 @@ enum LogFormat {
     Json,
 }
 
-/// ferrovol: a node-local CSI driver (loop-file volumes).
+/// ferrovol: a node-local CSI driver (loop-file or LVM volumes).
 ///
 /// Without a subcommand it serves CSI; the subcommands are operator tools that read the
 /// driver's records and the machine.
@@ -49,6 +59,20 @@ struct Cli {
     /// Directory of the loop backend's sparse backing files [default: <data dir>/pool]
     #[arg(long, global = true)]
     pool_dir: Option<PathBuf>,
+    /// A YAML file with the backend and its pools (see README); flags win over it
+    #[arg(long, env = "FERROVOL_CONFIG")]
+    config: Option<PathBuf>,
+    /// Where volumes live: `loop` (sparse files in --pool-dir) or `lvm` (logical volumes)
+    /// [default: loop, or the configuration file's]
+    #[arg(long, value_enum)]
+    backend: Option<BackendKind>,
+    /// lvm backend: the volume group of a single device class (instead of a file's
+    /// classes); the class is named `thin` with --lvm-thin-pool, `linear` without
+    #[arg(long)]
+    lvm_volume_group: Option<String>,
+    /// lvm backend: the thin pool LV of that class in the volume group
+    #[arg(long, requires = "lvm_volume_group")]
+    lvm_thin_pool: Option<String>,
     /// Volume limit reported by NodeGetInfo (0: no limit)
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(i64).range(0..))]
     max_volumes_per_node: i64,
@@ -175,6 +199,52 @@ fn run_command(command: Command, paths: &Paths, default_fs: FsType) -> ExitCode 
     }
 }
 
+/// The backend from the flags, else from the configuration file, else the loop backend.
+fn backend_config(
+    flag: Option<BackendKind>,
+    volume_group: Option<String>,
+    thin_pool: Option<String>,
+    file: &FileConfig,
+) -> Result<BackendConfig, String> {
+    let kind = match (flag, file.backend.as_deref()) {
+        (Some(kind), _) => kind,
+        (None, None | Some("loop")) => BackendKind::Loop,
+        (None, Some("lvm")) => BackendKind::Lvm,
+        (None, Some(other)) => {
+            return Err(format!(
+                "backend {other:?} in the configuration file: use loop or lvm"
+            ))
+        }
+    };
+    if kind == BackendKind::Loop {
+        if volume_group.is_some() {
+            return Err("--lvm-volume-group needs --backend lvm".into());
+        }
+        return Ok(BackendConfig::Loop);
+    }
+    let classes = match volume_group {
+        Some(volume_group) => LvmConfig {
+            device_classes: vec![DeviceClass {
+                name: if thin_pool.is_some() { "thin" } else { "linear" }.into(),
+                volume_group,
+                kind: if thin_pool.is_some() {
+                    ClassKind::Thin
+                } else {
+                    ClassKind::Linear
+                },
+                thin_pool,
+                overprovision_ratio: 1.0,
+                default: true,
+            }],
+        },
+        None => file.lvm.clone().ok_or(
+            "the lvm backend needs device classes: --lvm-volume-group, or `lvm.deviceClasses` in --config",
+        )?,
+    };
+    classes.check().map_err(|e| e.to_string())?;
+    Ok(BackendConfig::Lvm(classes))
+}
+
 /// `--metrics-address`: an address, or `off`.
 #[derive(Debug, Clone, Copy)]
 struct MetricsAddress(Option<SocketAddr>);
@@ -261,11 +331,29 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let file = match cli.config.as_deref().map(FileConfig::load).transpose() {
+        Ok(file) => file.unwrap_or_default(),
+        Err(e) => {
+            error!(cause = %e, "bad --config");
+            return ExitCode::FAILURE;
+        }
+    };
+    let backend = match backend_config(cli.backend, cli.lvm_volume_group, cli.lvm_thin_pool, &file)
+    {
+        Ok(backend) => backend,
+        Err(e) => {
+            error!(cause = %e, "bad backend configuration");
+            return ExitCode::FAILURE;
+        }
+    };
     let mut config = Config::with_dirs(
         &node_id,
         cli.state_dir.unwrap_or_else(|| data_dir.join("state")),
-        cli.pool_dir.unwrap_or_else(|| data_dir.join("pool")),
+        cli.pool_dir
+            .or(file.pool_dir)
+            .unwrap_or_else(|| data_dir.join("pool")),
     );
+    config.backend = backend;
     config.driver_name = cli.driver_name;
     config.max_volumes_per_node = cli.max_volumes_per_node;
     config.default_fs_type = cli.default_fs_type;

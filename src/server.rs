@@ -18,8 +18,8 @@ use tokio_stream::wrappers::{TcpListenerStream, UnixListenerStream};
 use tonic::transport::Server;
 use tracing::{info, warn};
 
-use crate::backend::{Backend, LoopBackend};
-use crate::config::{Config, Expansion, Mode};
+use crate::backend::{Backend, LoopBackend, LvmBackend};
+use crate::config::{BackendConfig, Config, Expansion, Mode};
 use crate::controller::ControllerService;
 use crate::csi::v1::controller_server::ControllerServer;
 use crate::csi::v1::identity_server::IdentityServer;
@@ -28,7 +28,6 @@ use crate::driver::Driver;
 use crate::error::{Error, Result};
 use crate::identity::IdentityService;
 use crate::node::NodeService;
-use crate::os::loopdev;
 
 /// Where the driver listens.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -116,14 +115,49 @@ fn bind_unix(path: &Path) -> Result<UnixListener> {
 /// # Errors
 /// `Io` or `Record` when the pool or the store cannot be opened.
 pub fn open_driver(config: Config) -> Result<Arc<Driver>> {
-    let backend: Arc<dyn Backend> = Arc::new(LoopBackend::open(&config.pool_dir)?);
-    // gc judges the pool's files by this state directory's records: say which it is.
-    if config.mode != Mode::Node {
-        crate::backend::loopfile::write_owner(&config.pool_dir, &config.state_dir)?;
-    }
+    let backend: Arc<dyn Backend> = match &config.backend {
+        BackendConfig::Loop => {
+            let backend = LoopBackend::open(&config.pool_dir)?;
+            // gc judges the pool's files by this state directory's records: say which it is.
+            if config.mode != Mode::Node {
+                crate::backend::loopfile::write_owner(&config.pool_dir, &config.state_dir)?;
+            }
+            Arc::new(backend)
+        }
+        BackendConfig::Lvm(classes) => {
+            Arc::new(LvmBackend::open(classes.clone(), config.tool_timeout)?)
+        }
+    };
     let driver = Driver::open(config, backend)?;
+    restore_records(&driver)?;
     reconcile(&driver);
     Ok(driver)
+}
+
+/// Gives the controller back every record that its backend keeps beside the storage (LV
+/// tags) and the state directory lacks: after a crash between the storage and the record,
+/// or in a new pod with an empty state directory.
+///
+/// # Errors
+/// `Io` or `Record` when the backend cannot be listed or a record cannot be written.
+fn restore_records(driver: &Driver) -> Result<()> {
+    if driver.config.mode == Mode::Node {
+        return Ok(());
+    }
+    let stored = driver.backend.stored_records()?;
+    for record in stored.volumes {
+        if !driver.volumes.contains(&record.volume_id) {
+            info!(volume_id = %record.volume_id, "volume record restored from the backend");
+            driver.volumes.put(&record.volume_id.clone(), &record)?;
+        }
+    }
+    for record in stored.snapshots {
+        if !driver.snapshots.contains(&record.snapshot_id) {
+            info!(snapshot_id = %record.snapshot_id, "snapshot record restored from the backend");
+            driver.snapshots.put(&record.snapshot_id.clone(), &record)?;
+        }
+    }
+    Ok(())
 }
 
 /// Reports records and storage that disagree, after a crash or a reboot.
@@ -154,11 +188,10 @@ fn reconcile(driver: &Driver) {
         for record in driver.staged.all() {
             let attached = crate::ids::VolumeId::parse_ours("volume_id", &record.volume_id)
                 .ok()
-                .map(|id| driver.backend.source_path(&id))
-                .and_then(|backing| loopdev::find_by_backing_file(&backing).ok())
+                .and_then(|id| driver.backend.devices(&id).ok())
                 .is_some_and(|d| !d.is_empty());
             if !attached {
-                warn!(volume_id = %record.volume_id, "staged volume has no loop device (node rebooted?); NodeStageVolume restores it");
+                warn!(volume_id = %record.volume_id, "staged volume has no device (node rebooted?); NodeStageVolume restores it");
             }
         }
     }

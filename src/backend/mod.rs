@@ -17,6 +17,7 @@ use crate::os::mount::MountEntry;
 use crate::store::{SnapshotRecord, VolumeRecord};
 
 pub use loopfile::LoopBackend;
+pub use lvm::LvmBackend;
 
 /// A block device that serves a volume on this node: a loop device over a backing file,
 /// or a logical volume's device-mapper node.
@@ -152,6 +153,18 @@ pub trait Backend: Send + Sync + fmt::Debug {
     /// # Errors
     /// `Io` when the pool cannot be measured.
     fn capacity(&self) -> Result<PoolCapacity>;
+
+    /// Free and total space for volumes made with these StorageClass parameters
+    /// (GetCapacity); by default the whole pool's.
+    ///
+    /// # Errors
+    /// `InvalidArgument` for parameters naming no pool; `Io` when it cannot be measured.
+    fn capacity_for(
+        &self,
+        _parameters: &std::collections::HashMap<String, String>,
+    ) -> Result<PoolCapacity> {
+        self.capacity()
+    }
 
     /// The file or device the node attaches for `id`.
     fn source_path(&self, id: &VolumeId) -> PathBuf;

@@ -135,7 +135,10 @@ pub(super) async fn get_capacity(
         }
     }
     let backend = Arc::clone(&driver.backend);
-    let capacity = driver.blocking(move || backend.capacity()).await?;
+    let parameters = req.parameters.clone();
+    let capacity = driver
+        .blocking(move || backend.capacity_for(&parameters))
+        .await?;
     let available = i64::try_from(capacity.available_bytes).unwrap_or(i64::MAX);
     let largest = (capacity.available_bytes / validate::GRANULARITY) * validate::GRANULARITY;
     Ok(GetCapacityResponse {

@@ -41,7 +41,8 @@ impl IdentityService {
     /// The first problem found.
     pub async fn readiness(&self) -> Result<()> {
         let backend = Arc::clone(&self.driver.backend);
-        let needs_loop = self.driver.config.mode != Mode::Controller;
+        let needs_loop =
+            self.driver.config.mode != Mode::Controller && self.driver.backend.kind() == "loop";
         self.driver
             .blocking(move || {
                 backend.check()?;

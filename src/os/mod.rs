@@ -6,8 +6,10 @@
 //! block; callers run them on blocking threads. The ones in [`tools`] and [`grow`] are
 //! async and run external programs with a timeout.
 
+pub mod blockdev;
 pub mod caps;
 pub mod clone;
+pub mod command;
 pub mod flock;
 pub mod freeze;
 pub mod grow;

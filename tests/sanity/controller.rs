@@ -3,7 +3,6 @@
 //! ControllerPublishVolume, ControllerUnpublishVolume, ControllerGetVolume.
 
 use std::collections::BTreeSet;
-use std::fs;
 
 use ferrovol::csi::v1::controller_service_capability::rpc::Type as RpcType;
 use ferrovol::csi::v1::controller_service_capability::{Rpc, Type as CapType};
@@ -351,7 +350,7 @@ async fn controller_get_volume_reports_status_and_missing_backing_file() {
     );
 
     // Delete the backing file behind the driver's back.
-    fs::remove_file(d.backing_file(&vol.volume_id)).expect("remove the backing file");
+    d.remove_storage_behind_back(&vol.volume_id);
     let resp = ok(
         d.controller()
             .controller_get_volume(get(&vol.volume_id))

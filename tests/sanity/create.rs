@@ -4,7 +4,6 @@
 //! error code for each bad input, and the backing files in the pool following the volumes.
 
 use std::collections::HashMap;
-use std::fs;
 
 use ferrovol::csi::v1::volume_capability::access_mode::Mode;
 use ferrovol::csi::v1::{
@@ -32,7 +31,7 @@ async fn create_volume_reports_id_rounded_capacity_topology_and_backing_file() {
     );
     assert_eq!(
         vol.capacity_bytes,
-        21 * MIB,
+        d.rounded(21 * MIB),
         "20 MiB + 1 byte rounds up to 21 MiB"
     );
     assert_eq!(
@@ -40,10 +39,11 @@ async fn create_volume_reports_id_rounded_capacity_topology_and_backing_file() {
         vec![node_topology(&d.opts.node_id)],
         "accessible_topology"
     );
-    let backing = d.backing_file(&vol.volume_id);
-    let meta = fs::metadata(&backing)
-        .unwrap_or_else(|e| panic!("backing file {}: {e}", backing.display()));
-    assert_eq!(meta.len(), 21 * MIB as u64, "backing file size");
+    assert_eq!(
+        d.storage_size(&vol.volume_id),
+        Some(d.rounded(21 * MIB) as u64),
+        "the storage's size"
+    );
 
     let other = d.create("pvc-size-2", 16 * MIB, block_cap()).await;
     assert!(is_volume_id(&other.volume_id));
@@ -411,10 +411,10 @@ async fn delete_volume_is_idempotent_and_removes_the_backing_file() {
     );
 
     let vol = d.create("pvc-del", 16 * MIB, mount_cap("ext4")).await;
-    assert!(d.backing_file(&vol.volume_id).exists());
+    assert!(d.storage_size(&vol.volume_id).is_some());
     d.delete(&vol.volume_id).await;
     assert!(
-        !d.backing_file(&vol.volume_id).exists(),
+        d.storage_size(&vol.volume_id).is_none(),
         "backing file after delete"
     );
     checks.code(

@@ -8,7 +8,7 @@ use tonic::Code;
 
 use crate::content::{verify_block, verify_files, write_block, write_files};
 use crate::harness::Driver;
-use crate::host::{detach_loop_behind_back, mount_at, umount_behind_back};
+use crate::host::{mount_at, umount_behind_back};
 use crate::requests::{block_cap, mount_cap, MIB, MIN_XFS};
 use ferrovol::csi::v1::VolumeCapability;
 
@@ -84,10 +84,9 @@ async fn restage_after_reboot(fs_type: &str, size: i64) {
     let target = d.publish(&id, &cap, "t", false).await;
     write_files(&target, 31);
 
-    let lo = d.loop_of(&id).expect("loop device");
     umount_behind_back(&target);
     umount_behind_back(&staging);
-    detach_loop_behind_back(&lo.device);
+    d.detach_behind_back(&id);
     assert!(mount_at(&staging).is_none() && mount_at(&target).is_none());
     assert!(d.loop_of(&id).is_none(), "loop device still attached");
 

@@ -6,7 +6,7 @@
 //! Checked on the host: the backing file's length, the loop device's size, `statvfs(3)` of
 //! the published target, and the files written before the expansion.
 
-use std::fs::{self, OpenOptions};
+use std::fs::OpenOptions;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 
@@ -60,9 +60,7 @@ async fn reported_capacity(d: &Driver, volume_id: &str) -> i64 {
 
 /// Length of a volume's backing file.
 fn backing_len(d: &Driver, volume_id: &str) -> i64 {
-    let len = fs::metadata(d.backing_file(volume_id))
-        .expect("stat the backing file")
-        .len();
+    let len = d.storage_size(volume_id).expect("the volume has storage");
     i64::try_from(len).expect("fits")
 }
 
@@ -169,7 +167,7 @@ async fn controller_expand_volume() {
     );
     assert_eq!(
         grown.capacity_bytes,
-        41 * MIB,
+        d.rounded(41 * MIB),
         "40 MiB + 1 rounds up to 41 MiB"
     );
     assert!(
@@ -178,10 +176,10 @@ async fn controller_expand_volume() {
     );
     assert_eq!(
         backing_len(&d, &id),
-        41 * MIB,
+        d.rounded(41 * MIB),
         "backing file after expansion"
     );
-    assert_eq!(reported_capacity(&d, &id).await, 41 * MIB);
+    assert_eq!(reported_capacity(&d, &id).await, d.rounded(41 * MIB));
 
     // Retries of the same expansion, with and without a limit it fits, are OK.
     for (required, limit) in [(40 * MIB + 1, 0), (41 * MIB, 0), (40 * MIB, 64 * MIB)] {
@@ -193,7 +191,7 @@ async fn controller_expand_volume() {
         );
         assert_eq!(
             again.capacity_bytes,
-            41 * MIB,
+            d.rounded(41 * MIB),
             "required {required} limit {limit}"
         );
     }
@@ -204,7 +202,7 @@ async fn controller_expand_volume() {
         Code::OutOfRange,
         "ControllerExpandVolume back to exactly 32 MiB after growing to 41 MiB",
     );
-    assert_eq!(backing_len(&d, &id), 41 * MIB);
+    assert_eq!(backing_len(&d, &id), d.rounded(41 * MIB));
 
     // Block volumes grow the same way.
     let blk = d.create("pvc-grow-block", 16 * MIB, block_cap()).await;

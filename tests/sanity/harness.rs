@@ -45,12 +45,15 @@ use tonic::transport::{Channel, Endpoint};
 
 use crate::host::{
     cleanup_last_resort, loop_devices, loops_backed_under, make_pool_fs, mounts_under,
-    release_pool_fs, LoopDevice, PoolFs,
+    release_pool_fs, run_tool, LoopDevice, PoolFs,
 };
 use crate::requests::{create_request, ok, range, snapshot_request};
 
 /// How long a driver may take to create its socket and answer.
 const START_TIMEOUT: Duration = Duration::from_secs(10);
+/// The same on the lvm backend in the TCG guest, where every lvm command the start runs
+/// (the classes' VGs, the records in the tags) takes a few hundred milliseconds.
+const LVM_START_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long a driver may take to exit after SIGTERM.
 const STOP_TIMEOUT: Duration = Duration::from_secs(10);
 /// Upper bound for any single RPC, so a hung driver fails the test instead of hanging it.
@@ -113,6 +116,8 @@ pub struct Driver {
     pub pool: PathBuf,
     /// The image file of the harness-made pool filesystem, while it is mounted on `pool`.
     pool_image: Option<PathBuf>,
+    /// With `FERROVOL_SANITY_BACKEND=lvm`: the volume group the driver provisions from.
+    pub vg: Option<crate::lvm_vg::TestVg>,
     /// `--state-dir`: the driver's metadata.
     pub state: PathBuf,
     /// The unix socket path (also created for tcp drivers, but unused then).
@@ -164,6 +169,12 @@ impl Driver {
             make_pool_fs(&image, &pool, kind);
             image
         });
+        let vg = crate::lvm_vg::backend_is_lvm().then(|| {
+            let vg = crate::lvm_vg::TestVg::create(&root);
+            fs::write(root.join("lvm.yaml"), vg.config_yaml())
+                .expect("write the lvm configuration");
+            vg
+        });
         let socket = root.join("csi.sock");
         let endpoint = if opts.tcp {
             format!("tcp://127.0.0.1:{}", free_tcp_port())
@@ -176,6 +187,7 @@ impl Driver {
             root,
             pool,
             pool_image,
+            vg,
             state,
             socket,
             opts,
@@ -203,6 +215,12 @@ impl Driver {
             "--path-root".to_owned(),
             self.root.display().to_string(),
         ];
+        if self.vg.is_some() {
+            args.extend([
+                "--config".to_owned(),
+                self.root.join("lvm.yaml").display().to_string(),
+            ]);
+        }
         if let Some(name) = &self.opts.driver_name {
             args.extend(["--driver-name".to_owned(), name.clone()]);
         }
@@ -243,7 +261,12 @@ impl Driver {
         let child = self.spawn_process(&self.args());
         self.child = Some(child);
         self.channel = None;
-        let deadline = Instant::now() + START_TIMEOUT;
+        let limit = if self.vg.is_some() {
+            LVM_START_TIMEOUT
+        } else {
+            START_TIMEOUT
+        };
+        let deadline = Instant::now() + limit;
         loop {
             if let Some(status) = self
                 .child
@@ -269,7 +292,7 @@ impl Driver {
             }
             assert!(
                 Instant::now() < deadline,
-                "driver did not serve on {} within {START_TIMEOUT:?}\n{}",
+                "driver did not serve on {} within {limit:?}\n{}",
                 self.endpoint,
                 self.log_text()
             );
@@ -360,6 +383,13 @@ impl Driver {
                 "could not release the pool filesystem: {problems:?}"
             );
         }
+        if let Some(vg) = self.vg.take() {
+            let problems = vg.remove();
+            assert!(
+                problems.is_empty(),
+                "could not remove the test volume group: {problems:?}"
+            );
+        }
     }
 
     /// The harness's own pool mount, which the leak check and the cleanup leave alone.
@@ -386,9 +416,10 @@ impl Driver {
             .into_iter()
             .map(|l| format!("{} -> {}", l.device.display(), l.backing_file))
             .collect();
+        let open_lvs = self.vg.as_ref().map(|vg| vg.open_lvs()).unwrap_or_default();
         assert!(
-            mounts.is_empty() && loops.is_empty(),
-            "leaked after the test's teardown:\n  mounts: {mounts:?}\n  loop devices: {loops:?}"
+            mounts.is_empty() && loops.is_empty() && open_lvs.is_empty(),
+            "leaked after the test's teardown:\n  mounts: {mounts:?}\n  loop devices: {loops:?}\n  open LVs: {open_lvs:?}"
         );
     }
 
@@ -426,7 +457,17 @@ impl Driver {
     }
 
     /// Names of the `.img` files in the pool.
+    ///
+    /// On the lvm backend: `<id>.img` for every volume LV, so the same checks apply.
     pub fn pool_images(&self) -> std::collections::BTreeSet<String> {
+        if let Some(vg) = &self.vg {
+            return vg
+                .lv_names()
+                .into_iter()
+                .filter(|n| n.starts_with("fv-"))
+                .map(|n| format!("{n}.img"))
+                .collect();
+        }
         fs::read_dir(&self.pool)
             .expect("read the pool dir")
             .filter_map(Result::ok)
@@ -435,8 +476,103 @@ impl Driver {
             .collect()
     }
 
+    /// `bytes` rounded up to the backend's allocation unit: 1 MiB for the loop backend,
+    /// the 4 MiB extent of the test VG for lvm.
+    pub fn rounded(&self, bytes: i64) -> i64 {
+        let unit: i64 = if self.vg.is_some() { 4 << 20 } else { 1 << 20 };
+        (bytes + unit - 1) / unit * unit
+    }
+
+    /// The size of a volume's storage (its backing file, or its LV); `None` when it has
+    /// none.
+    pub fn storage_size(&self, volume_id: &str) -> Option<u64> {
+        match &self.vg {
+            Some(vg) => vg.lv_size(volume_id),
+            None => fs::metadata(self.backing_file(volume_id))
+                .ok()
+                .map(|m| m.len()),
+        }
+    }
+
+    /// The size of a snapshot's storage (its file, or its LV); `None` when it has none.
+    pub fn snapshot_storage_size(&self, snapshot_id: &str) -> Option<u64> {
+        match &self.vg {
+            Some(vg) => vg.lv_size(snapshot_id),
+            None => fs::metadata(self.snapshot_file(snapshot_id))
+                .ok()
+                .map(|m| m.len()),
+        }
+    }
+
+    /// Deletes a volume's storage behind the driver's back (its file, or its LV).
+    pub fn remove_storage_behind_back(&self, volume_id: &str) {
+        match &self.vg {
+            Some(vg) => {
+                run_tool(
+                    "lvremove",
+                    &["-q", "-f", &format!("{}/{volume_id}", vg.name)],
+                );
+            }
+            None => fs::remove_file(self.backing_file(volume_id)).expect("remove the backing file"),
+        }
+    }
+
+    /// Takes the volume's device away behind the driver's back, as a reboot would: detaches
+    /// its loop device, or deactivates its LV.
+    pub fn detach_behind_back(&self, volume_id: &str) {
+        match &self.vg {
+            Some(vg) => {
+                run_tool(
+                    "lvchange",
+                    &["-q", "-an", &format!("{}/{volume_id}", vg.name)],
+                );
+            }
+            None => {
+                let lo = self
+                    .loop_of(volume_id)
+                    .expect("the volume has a loop device");
+                crate::host::detach_loop_behind_back(&lo.device);
+            }
+        }
+    }
+
+    /// Makes the pool unusable (moves the pool directory away, or renames the VG) until
+    /// [`Driver::restore_pool`].
+    pub fn break_pool(&self) {
+        match &self.vg {
+            Some(vg) => {
+                run_tool("vgrename", &["-q", &vg.name, &format!("{}-away", vg.name)]);
+            }
+            None => fs::rename(&self.pool, self.root.join("pool-moved-away"))
+                .expect("rename the pool away"),
+        }
+    }
+
+    /// Undoes [`Driver::break_pool`].
+    pub fn restore_pool(&self) {
+        match &self.vg {
+            Some(vg) => {
+                run_tool("vgrename", &["-q", &format!("{}-away", vg.name), &vg.name]);
+            }
+            None => fs::rename(self.root.join("pool-moved-away"), &self.pool)
+                .expect("rename the pool back"),
+        }
+    }
+
     /// The loop device currently backed by the volume's file, if any.
+    ///
+    /// On the lvm backend: the LV's device-mapper node while the LV is active (its
+    /// "backing file" is then `VG/LV`).
     pub fn loop_of(&self, volume_id: &str) -> Option<LoopDevice> {
+        if let Some(vg) = &self.vg {
+            return vg
+                .active_device(volume_id)
+                .map(|(device, major_minor)| LoopDevice {
+                    device,
+                    major_minor,
+                    backing_file: format!("{}/{volume_id}", vg.name),
+                });
+        }
         let file = self.backing_file(volume_id);
         let mut found: Vec<LoopDevice> = loop_devices()
             .into_iter()
@@ -666,6 +802,9 @@ impl Drop for Driver {
         let mut leftovers = cleanup_last_resort(&self.root, &self.pool, self.harness_pool_mount());
         if let Some(image) = self.pool_image.take() {
             leftovers.extend(release_pool_fs(&self.pool, &image, true));
+        }
+        if let Some(vg) = self.vg.take() {
+            leftovers.extend(vg.remove());
         }
         if std::thread::panicking() {
             eprintln!("{}", self.log_text());

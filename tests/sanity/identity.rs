@@ -1,8 +1,6 @@
 //! Identity service: GetPluginInfo, GetPluginCapabilities (services and online volume
 //! expansion), Probe.
 
-use std::fs;
-
 use ferrovol::csi::v1::plugin_capability::service::Type as ServiceType;
 use ferrovol::csi::v1::plugin_capability::volume_expansion::Type as ExpansionType;
 use ferrovol::csi::v1::plugin_capability::{Service, Type as CapType, VolumeExpansion};
@@ -91,8 +89,7 @@ async fn probe_is_ready_and_reports_not_ready_without_pool() {
     assert_eq!(probe.ready, Some(true), "Probe with a usable pool");
 
     // Take the pool away: Probe must still answer OK, with ready=false.
-    let moved = d.root.join("pool-moved-away");
-    fs::rename(&d.pool, &moved).expect("rename the pool away");
+    d.break_pool();
     let probe = ok(
         d.identity().probe(ProbeRequest {}).await,
         "Probe without pool",
@@ -100,7 +97,7 @@ async fn probe_is_ready_and_reports_not_ready_without_pool() {
     assert_eq!(probe.ready, Some(false), "Probe with the pool dir missing");
 
     // And back: ready again.
-    fs::rename(&moved, &d.pool).expect("rename the pool back");
+    d.restore_pool();
     let probe = ok(
         d.identity().probe(ProbeRequest {}).await,
         "Probe with pool back",

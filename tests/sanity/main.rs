@@ -28,6 +28,7 @@
 mod content;
 mod harness;
 mod host;
+mod lvm_vg;
 mod requests;
 
 mod concurrency;
@@ -39,6 +40,8 @@ mod identity;
 mod kubectl_walk;
 mod lifecycle;
 mod listing;
+mod lvm;
+mod lvm_guest;
 mod node;
 mod observability;
 mod operator;

@@ -48,7 +48,7 @@ pub async fn assert_delete_refused_while_staged(d: &Driver, volume_id: &str) {
         "DeleteVolume of a staged volume",
     );
     assert!(
-        d.backing_file(volume_id).exists(),
+        d.storage_size(volume_id).is_some(),
         "refused delete removed the file"
     );
 }

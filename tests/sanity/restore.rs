@@ -7,8 +7,6 @@
 //! requests. What the new volumes hold after a snapshot of a busy volume is
 //! `snapshot_data`'s subject.
 
-use std::fs;
-
 use ferrovol::csi::v1::{ControllerGetVolumeRequest, CreateVolumeRequest};
 use tonic::Code;
 
@@ -37,11 +35,11 @@ async fn snapshot_outlives_its_source_volume() {
     // Deleting the source is allowed and leaves the snapshot whole.
     d.delete(&src_id).await;
     assert!(
-        !d.backing_file(&src_id).exists(),
+        d.storage_size(&src_id).is_none(),
         "source backing file after delete"
     );
     assert!(
-        d.snapshot_file(&snap.snapshot_id).exists(),
+        d.snapshot_storage_size(&snap.snapshot_id).is_some(),
         "deleting the source volume removed the snapshot file"
     );
     let got = get_snapshot(&d, &snap.snapshot_id).await;
@@ -205,7 +203,7 @@ async fn create_volume_from_snapshot_and_volume() {
             "pvc-clone-big",
             40 * MIB + 1,
             from_volume(&src.volume_id),
-            41 * MIB,
+            d.rounded(41 * MIB),
         ),
     ];
     let mut made = Vec::new();
@@ -223,9 +221,8 @@ async fn create_volume_from_snapshot_and_volume() {
         );
         assert_eq!(vol.content_source, source, "{name}: content_source");
         assert_eq!(
-            fs::metadata(d.backing_file(&vol.volume_id))
-                .expect("backing file of a restored volume")
-                .len(),
+            d.storage_size(&vol.volume_id)
+                .expect("storage of a restored volume"),
             u64::try_from(want).expect("positive"),
             "{name}: backing file length"
         );
@@ -283,7 +280,7 @@ async fn create_volume_from_snapshot_and_volume() {
         "clone of the 48 MiB restore"
     );
     let snap3 = d.snapshot("snap-of-clone", &made[3]).await;
-    assert_eq!(snap3.size_bytes, 41 * MIB);
+    assert_eq!(snap3.size_bytes, d.rounded(41 * MIB));
     made.push(chained.volume_id);
 
     let plain = d

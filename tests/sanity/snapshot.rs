@@ -137,10 +137,11 @@ async fn create_snapshot_reports_id_size_time_and_file() {
         (before - 2..=after + 2).contains(&created.seconds),
         "creation_time {created:?} is not between {before} and {after}"
     );
-    let file = d.snapshot_file(&snap.snapshot_id);
-    let meta =
-        fs::metadata(&file).unwrap_or_else(|e| panic!("snapshot file {}: {e}", file.display()));
-    assert_eq!(meta.len(), 32 * MIB as u64, "snapshot file length");
+    assert_eq!(
+        d.snapshot_storage_size(&snap.snapshot_id),
+        Some(32 << 20),
+        "the snapshot's storage size"
+    );
 
     // Same name and source: the same snapshot, with the time of the first call.
     tokio::time::sleep(Duration::from_millis(1100)).await;
@@ -199,7 +200,7 @@ async fn create_snapshot_reports_id_size_time_and_file() {
     for s in [&snap, &second, &third] {
         d.delete_snapshot(&s.snapshot_id).await;
         assert!(
-            !d.snapshot_file(&s.snapshot_id).exists(),
+            d.snapshot_storage_size(&s.snapshot_id).is_none(),
             "snapshot file of {} after DeleteSnapshot",
             s.snapshot_id
         );
@@ -327,11 +328,11 @@ async fn delete_and_get_snapshot() {
 
     d.delete_snapshot(&snap.snapshot_id).await;
     assert!(
-        !d.snapshot_file(&snap.snapshot_id).exists(),
+        d.snapshot_storage_size(&snap.snapshot_id).is_none(),
         "snapshot file after delete"
     );
     assert!(
-        d.backing_file(&vol.volume_id).exists(),
+        d.storage_size(&vol.volume_id).is_some(),
         "DeleteSnapshot removed the source volume's backing file"
     );
     checks.code(

@@ -9,7 +9,6 @@
 //! NodePublishVolume, and their teardown. Checked with file contents and `statvfs(3)`.
 
 use std::fs;
-use std::path::Path;
 
 use ferrovol::csi::v1::VolumeContentSource;
 
@@ -204,7 +203,7 @@ async fn snapshot_and_clone_of_published_block_volume() {
         d.delete(id).await;
     }
     assert!(
-        !Path::new(&d.snapshot_file(&snap.snapshot_id)).exists(),
+        d.snapshot_storage_size(&snap.snapshot_id).is_none(),
         "snapshot file after delete"
     );
     d.finish().await;

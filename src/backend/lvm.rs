@@ -1,1 +1,0 @@
-//! The lvm backend (placeholder while it is written).

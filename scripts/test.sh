@@ -39,8 +39,10 @@ modprobe loop 2>/dev/null || true
 
 echo "== cargo fmt"
 cargo fmt --all -- --check
+# The `crash-points` feature arms the driver's crash points for tests/sanity/crash.rs
+# (inert unless FERROVOL_CRASH_AT names one); every test runs on that one build.
 echo "== cargo clippy"
-cargo clippy --all-targets --quiet -- -D warnings
+cargo clippy --all-targets --features crash-points --quiet -- -D warnings
 echo "== CSI v1.12 wire format"
 if [ -x ../shared/tools/csi-wire-table ] && [ -f ../shared/csi-wire.tsv ]; then
   diff ../shared/csi-wire.tsv <(../shared/tools/csi-wire-table proto/csi.proto)
@@ -54,7 +56,7 @@ fi
 echo "== cargo test"
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
-cargo test --all-targets -- --test-threads "${FERROVOL_TEST_THREADS:-4}" 2>&1 | tee "$log"
+cargo test --all-targets --features crash-points -- --test-threads "${FERROVOL_TEST_THREADS:-4}" 2>&1 | tee "$log"
 # One closing line over every test binary (cargo's own last line belongs to whichever
 # target ran last, often one with no tests).
 awk '/^test result:/ { p += $4; f += $6; i += $8 }

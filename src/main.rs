@@ -297,6 +297,7 @@ fn main() -> ExitCode {
         let driver = tokio::task::spawn_blocking(move || server::open_driver(config))
             .await
             .map_err(|e| ferrovol::Error::Internal(e.to_string()))??;
+        ferrovol::crash::arm_from_env();
         server::run(driver, endpoint, shutdown_signal()).await
     });
     match result {

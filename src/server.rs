@@ -28,7 +28,7 @@ use crate::driver::Driver;
 use crate::error::{Error, Result};
 use crate::identity::IdentityService;
 use crate::node::NodeService;
-use crate::os::loopdev;
+use crate::os::{freeze, loopdev, mount};
 
 /// Where the driver listens.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -126,11 +126,19 @@ pub fn open_driver(config: Config) -> Result<Arc<Driver>> {
     Ok(driver)
 }
 
-/// Reports records and storage that disagree, after a crash or a reboot.
+/// Reports records and storage that disagree, after a crash or a reboot, and thaws the
+/// filesystems of staged volumes.
 ///
 /// Nothing is deleted here: storage without a record is left by a CreateVolume that never
 /// answered, and its retry adopts it; stage records without a mount are restored by the
 /// NodeStageVolume that kubelet sends after a reboot.
+///
+/// A driver that died during CreateSnapshot (or a clone) of a staged volume left that
+/// volume's filesystem frozen, and every writer in the pod blocked, until a retry of the
+/// same call happens to thaw it, which may never come. So every staging mount of this
+/// node's volumes is thawed at start; thawing one that is not frozen changes nothing.
+/// The kernel does not say who froze a filesystem, so this also ends a freeze that
+/// someone else made on a staged volume (see `os::freeze`).
 fn reconcile(driver: &Driver) {
     if driver.config.mode != Mode::Node {
         match driver.backend.list() {
@@ -151,14 +159,26 @@ fn reconcile(driver: &Driver) {
         }
     }
     if driver.config.mode != Mode::Controller {
+        let table = mount::read_mountinfo().unwrap_or_else(|e| {
+            warn!(cause = %e, "cannot read the mount table; frozen staging mounts stay as they are");
+            Vec::new()
+        });
         for record in driver.staged.all() {
-            let attached = crate::ids::VolumeId::parse_ours("volume_id", &record.volume_id)
+            let devices = crate::ids::VolumeId::parse_ours("volume_id", &record.volume_id)
                 .ok()
                 .map(|id| driver.backend.source_path(&id))
                 .and_then(|backing| loopdev::find_by_backing_file(&backing).ok())
-                .is_some_and(|d| !d.is_empty());
-            if !attached {
+                .unwrap_or_default();
+            if devices.is_empty() {
                 warn!(volume_id = %record.volume_id, "staged volume has no loop device (node rebooted?); NodeStageVolume restores it");
+                continue;
+            }
+            let staged_here = mount::mount_at(&table, &record.staging_path)
+                .is_some_and(|m| devices.iter().any(|d| Path::new(&m.source) == d.path));
+            if staged_here {
+                if let Err(e) = freeze::thaw(&record.staging_path) {
+                    warn!(volume_id = %record.volume_id, cause = %e, "cannot thaw the staging mount");
+                }
             }
         }
     }

@@ -67,9 +67,11 @@ pub(super) async fn create_snapshot(
             let _source_guard = d.locks.try_lock(source.as_str())?;
             let backend = Arc::clone(&d.backend);
             let (copy_source, copy_id) = (source.clone(), id.clone());
+            crate::crash_point!("snapshot.before_copy");
             let size = d
                 .blocking(move || backend.snapshot(&copy_source, &copy_id))
                 .await?;
+            crate::crash_point!("snapshot.after_copy");
             let now = SystemTime::now()
                 .duration_since(UNIX_EPOCH)
                 .unwrap_or_default();
@@ -96,6 +98,7 @@ pub(super) async fn create_snapshot(
                 let _ = d.blocking(move || backend.delete_snapshot(&id)).await;
                 return Err(e);
             }
+            crate::crash_point!("snapshot.after_record");
             info!(snapshot_id = %record.snapshot_id, size_bytes = size, "snapshot created");
             Ok(CreateSnapshotResponse {
                 snapshot: Some(snapshot_message(&record)),

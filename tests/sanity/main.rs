@@ -23,7 +23,8 @@
 //! (CreateVolume from a snapshot or a volume; snapshots outlive their source), `snapshot_data` (snapshots and clones of published volumes hold
 //! the data of their moment, restored into grown filesystems), `expand`
 //! (ControllerExpandVolume, NodeExpandVolume, online growth of ext4, xfs and block volumes),
-//! `pool` (reflinks on an XFS pool, sparse copies on an ext4 pool).
+//! `pool` (reflinks on an XFS pool, sparse copies on an ext4 pool), `crash` (SIGKILL at
+//! every crash point of the driver, restart, retry; needs `--features crash-points`).
 
 mod content;
 mod harness;
@@ -32,6 +33,7 @@ mod requests;
 
 mod concurrency;
 mod controller;
+mod crash;
 mod create;
 mod data;
 mod expand;

@@ -24,7 +24,8 @@
 //! the data of their moment, restored into grown filesystems), `expand`
 //! (ControllerExpandVolume, NodeExpandVolume, online growth of ext4, xfs and block volumes),
 //! `pool` (reflinks on an XFS pool, sparse copies on an ext4 pool), `crash` (SIGKILL at
-//! every crash point of the driver, restart, retry; needs `--features crash-points`).
+//! every crash point of the driver, restart, retry; needs `--features crash-points`),
+//! `stress` (overlapping calls from many clients, seeded).
 
 mod content;
 mod harness;
@@ -52,3 +53,4 @@ mod reuse;
 mod snapshot;
 mod snapshot_data;
 mod socket;
+mod stress;

@@ -27,6 +27,9 @@ pub const BACKEND_PARAMETER: &str = "backend";
 pub const MAX_NAME_LEN: usize = 256;
 /// The longest path accepted.
 pub const MAX_PATH_LEN: usize = 4096;
+/// The most bytes (keys and values together) a parameter map may hold, the CSI spec's
+/// size limit for `map<string, string>` fields.
+pub const MAX_PARAMETER_BYTES: usize = 4096;
 
 /// How a capability wants the volume presented.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -125,7 +128,7 @@ pub fn capability(field: &str, cap: Option<&VolumeCapability>) -> Result<Capabil
                 Some(FsType::parse(&mount.fs_type).ok_or_else(|| {
                     Error::InvalidArgument(format!(
                         "{field}: fs_type {:?} is not supported (use ext4, xfs or btrfs)",
-                        mount.fs_type
+                        clip(&mount.fs_type)
                     ))
                 })?)
             };
@@ -166,6 +169,23 @@ pub fn capabilities(field: &str, caps: &[VolumeCapability]) -> Result<Vec<Capabi
         .collect()
 }
 
+/// Checks a node id from a request: present and at most [`MAX_NAME_LEN`] bytes.
+///
+/// # Errors
+/// `InvalidArgument` when it is empty or too long.
+pub fn node_id(field: &str, node_id: &str) -> Result<()> {
+    if node_id.is_empty() {
+        return Err(Error::InvalidArgument(format!("{field} is required")));
+    }
+    if node_id.len() > MAX_NAME_LEN {
+        return Err(Error::InvalidArgument(format!(
+            "{field} is {} bytes long; at most {MAX_NAME_LEN} are allowed",
+            node_id.len()
+        )));
+    }
+    Ok(())
+}
+
 /// Checks that a CSI name is present and sane.
 ///
 /// # Errors
@@ -195,6 +215,12 @@ pub fn name(field: &str, name: &str) -> Result<()> {
 /// # Errors
 /// `InvalidArgument` naming the first unknown key, or a backend this driver does not run.
 pub fn parameters(params: &HashMap<String, String>, backend_kind: &str) -> Result<()> {
+    let bytes: usize = params.iter().map(|(k, v)| k.len() + v.len()).sum();
+    if bytes > MAX_PARAMETER_BYTES {
+        return Err(Error::InvalidArgument(format!(
+            "parameters hold {bytes} bytes; at most {MAX_PARAMETER_BYTES} are allowed"
+        )));
+    }
     let mut keys: Vec<&String> = params.keys().collect();
     keys.sort();
     for key in keys {
@@ -218,7 +244,7 @@ pub fn parameters(params: &HashMap<String, String>, backend_kind: &str) -> Resul
 
 /// At most 64 characters of a request value, for an error message: a status message
 /// travels in a gRPC trailer, which clients cap in size.
-fn clip(value: &str) -> &str {
+pub fn clip(value: &str) -> &str {
     match value.char_indices().nth(64) {
         Some((cut, _)) => &value[..cut],
         None => value,

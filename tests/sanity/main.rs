@@ -25,7 +25,8 @@
 //! (ControllerExpandVolume, NodeExpandVolume, online growth of ext4, xfs and block volumes),
 //! `pool` (reflinks on an XFS pool, sparse copies on an ext4 pool), `crash` (SIGKILL at
 //! every crash point of the driver, restart, retry; needs `--features crash-points`),
-//! `stress` (overlapping calls from many clients, seeded).
+//! `stress` (overlapping calls from many clients, seeded), `hostile` (malformed and
+//! hostile input to every RPC, raw undecodable bytes included).
 
 mod content;
 mod harness;
@@ -38,6 +39,7 @@ mod crash;
 mod create;
 mod data;
 mod expand;
+mod hostile;
 mod identity;
 mod kubectl_walk;
 mod lifecycle;

@@ -116,6 +116,9 @@ fn bind_unix(path: &Path) -> Result<UnixListener> {
 /// # Errors
 /// `Io` or `Record` when the pool or the store cannot be opened.
 pub fn open_driver(config: Config) -> Result<Arc<Driver>> {
+    // A first start on a fresh node has neither directory yet.
+    fs::create_dir_all(&config.state_dir)
+        .map_err(|e| Error::io("create state directory", &config.state_dir, e))?;
     let backend: Arc<dyn Backend> = Arc::new(LoopBackend::open(&config.pool_dir)?);
     // gc judges the pool's files by this state directory's records: say which it is.
     if config.mode != Mode::Node {

@@ -27,6 +27,8 @@ pub const BACKEND_PARAMETER: &str = "backend";
 pub const MAX_NAME_LEN: usize = 256;
 /// The longest path accepted.
 pub const MAX_PATH_LEN: usize = 4096;
+/// The longest component of a path accepted (the kernel's NAME_MAX).
+pub const MAX_PATH_COMPONENT_LEN: usize = 255;
 /// The most bytes (keys and values together) a parameter map may hold, the CSI spec's
 /// size limit for `map<string, string>` fields.
 pub const MAX_PARAMETER_BYTES: usize = 4096;
@@ -334,6 +336,15 @@ pub fn abs_path(field: &str, raw: &str) -> Result<PathBuf> {
             "{field} {raw:?} must not contain '..'"
         )));
     }
+    if let Some(long) = path
+        .components()
+        .find(|c| c.as_os_str().len() > MAX_PATH_COMPONENT_LEN)
+    {
+        return Err(Error::InvalidArgument(format!(
+            "{field} has a component of {} bytes; at most {MAX_PATH_COMPONENT_LEN} are allowed",
+            long.as_os_str().len()
+        )));
+    }
     if path.parent().is_none() {
         return Err(Error::InvalidArgument(format!(
             "{field} must not be the root directory"
@@ -463,7 +474,8 @@ mod tests {
             abs_path("p", "/a//b/./c/").ok(),
             Some(PathBuf::from("/a/b/c"))
         );
-        for bad in ["", "a/b", "/a/../b", "/"] {
+        let long = format!("/a/{}/b", "x".repeat(256));
+        for bad in ["", "a/b", "/a/../b", "/", &long] {
             assert!(abs_path("p", bad).is_err(), "{bad}");
         }
     }

@@ -224,8 +224,8 @@ const REFUSED_OPTIONS: &[&str] = &[
 ///
 /// Every mount ferrovol makes is `nosuid` and `nodev`; flags that would undo that, or that
 /// turn the mount into a bind, move or remount, are refused, and so are filesystem options
-/// that reach outside the volume: the ones in [`REFUSED_OPTIONS`], any option whose value
-/// is a path (holds a `/`), and `errors=panic`.
+/// that reach outside the volume: the ones in [`REFUSED_OPTIONS`], any option that holds
+/// a path (a `/`), and `errors=panic`.
 ///
 /// # Errors
 /// `InvalidArgument` naming the offending flag.
@@ -248,8 +248,8 @@ pub fn parse_mount_flags(mount_flags: &[String]) -> Result<MountOptions> {
                 "mount flag {flag:?} is not allowed: it would weaken the volume's isolation"
             )));
         }
-        let (option, value) = flag.split_once('=').unwrap_or((flag, ""));
-        if REFUSED_OPTIONS.contains(&option) || value.contains('/') || flag == "errors=panic" {
+        let option = flag.split_once('=').map_or(flag, |(option, _)| option);
+        if REFUSED_OPTIONS.contains(&option) || flag.contains('/') || flag == "errors=panic" {
             return Err(Error::InvalidArgument(format!(
                 "mount flag {flag:?} is not allowed: it would reach outside the volume (a host \
                  device, path or security label) or let the volume crash the node"

@@ -94,8 +94,10 @@ fn clear_stale_socket(path: &Path) -> Result<()> {
     }
 }
 
-/// Binds a unix socket that only its owner and group can use (mode 0660).
-fn bind_unix(path: &Path) -> Result<UnixListener> {
+/// Binds a unix socket that only its owner (the driver's user) and group can use (mode
+/// 0660); `group` gives the socket to another group, whose members may then call the
+/// driver.
+fn bind_unix(path: &Path, group: Option<u32>) -> Result<UnixListener> {
     if let Some(parent) = path.parent() {
         fs::create_dir_all(parent).map_err(|e| Error::io("create socket directory", parent, e))?;
     }
@@ -108,6 +110,11 @@ fn bind_unix(path: &Path) -> Result<UnixListener> {
     let listener = bound.map_err(|e| Error::io("bind", path, e))?;
     fs::set_permissions(path, fs::Permissions::from_mode(0o660))
         .map_err(|e| Error::io("chmod", path, e))?;
+    if let Some(gid) = group {
+        // Still 0660 and owned by the driver's group until here: never wider than asked.
+        nix::unistd::chown(path, None, Some(nix::unistd::Gid::from_raw(gid)))
+            .map_err(|e| Error::sys("chown", path, e))?;
+    }
     Ok(listener)
 }
 
@@ -202,10 +209,10 @@ enum Bound {
 }
 
 impl Bound {
-    async fn bind(endpoint: Endpoint) -> Result<Self> {
+    async fn bind(endpoint: Endpoint, socket_group: Option<u32>) -> Result<Self> {
         match endpoint {
             Endpoint::Unix(path) => {
-                let listener = bind_unix(&path)?;
+                let listener = bind_unix(&path, socket_group)?;
                 Ok(Bound::Unix(path, listener))
             }
             Endpoint::Tcp(addr) => {
@@ -240,7 +247,7 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<()> {
     // The CSI endpoint is bound first: a second driver on a live socket stops there.
-    let bound = Bound::bind(endpoint).await?;
+    let bound = Bound::bind(endpoint, driver.config.socket_group).await?;
     let metrics = match driver.config.metrics_address {
         Some(addr) => match crate::http::bind(addr).await {
             Ok(listener) => Some(tokio::spawn(crate::http::serve(

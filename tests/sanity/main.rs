@@ -26,7 +26,8 @@
 //! `pool` (reflinks on an XFS pool, sparse copies on an ext4 pool), `crash` (SIGKILL at
 //! every crash point of the driver, restart, retry; needs `--features crash-points`),
 //! `stress` (overlapping calls from many clients, seeded), `hostile` (malformed and
-//! hostile input to every RPC, raw undecodable bytes included).
+//! hostile input to every RPC, raw undecodable bytes included), `exposure` (socket owner,
+//! group and who may connect; no request data in `/metrics`).
 
 mod content;
 mod harness;
@@ -39,6 +40,7 @@ mod crash;
 mod create;
 mod data;
 mod expand;
+mod exposure;
 mod hostile;
 mod identity;
 mod kubectl_walk;

@@ -49,7 +49,7 @@ enum Scenario {
     Restore,
     /// CreateVolume from a staged volume holding data.
     Clone,
-    /// ControllerExpandVolume.
+    /// ControllerExpandVolume of an unstaged volume holding data.
     Expand,
     /// NodeExpandVolume of a staged XFS volume, with `--expansion node`.
     NodeExpand,
@@ -151,7 +151,7 @@ impl Scenario {
             .create(SOURCE, self.source_bytes(), cap.clone())
             .await
             .volume_id;
-        if matches!(self, Delete | Expand | StageBlank) {
+        if matches!(self, Delete | StageBlank) {
             return;
         }
         let staging = d.stage(&id, &cap).await;
@@ -161,7 +161,7 @@ impl Scenario {
                 d.snapshot(SNAPSHOT, &id).await;
                 d.unstage(&id).await;
             }
-            StageExisting => d.unstage(&id).await,
+            StageExisting | Expand => d.unstage(&id).await,
             _ => {}
         }
     }
@@ -249,7 +249,8 @@ impl Scenario {
                 write_files(&d.staging_path(&id), SEED + 1);
                 verify_files(&d.staging_path(&id), SEED + 1);
             }
-            Unstage => {
+            Unstage | Expand => {
+                // An expanded volume's filesystem grows at this stage.
                 let staging = d.stage(&id, &cap).await;
                 verify_files(&staging, SEED);
                 d.unstage(&id).await;

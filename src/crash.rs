@@ -38,7 +38,7 @@ pub const POINTS: &[&str] = &[
     "clone.after_copy",
     "clone.after_record",
     // Inside every copy (snapshot, restore, clone): the data is in the new file, which
-    // is not yet sized nor synced.
+    // is not yet sized to the new volume.
     "copy.after_clone",
     // DeleteVolume: backing file, then record.
     "delete.before_file",

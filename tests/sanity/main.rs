@@ -26,7 +26,7 @@
 //! `pool` (reflinks on an XFS pool, sparse copies on an ext4 pool), `crash` (SIGKILL at
 //! every crash point of the driver, restart, retry; needs `--features crash-points`),
 //! `stress` (overlapping calls from many clients, seeded), `hostile` (malformed and
-//! hostile input to every RPC, raw undecodable bytes included), `exposure` (socket owner,
+//! hostile input to every RPC), `malformed` (undecodable bytes to every method), `exposure` (socket owner,
 //! group and who may connect; no request data in `/metrics`).
 
 mod content;
@@ -46,6 +46,7 @@ mod identity;
 mod kubectl_walk;
 mod lifecycle;
 mod listing;
+mod malformed;
 mod node;
 mod observability;
 mod operator;

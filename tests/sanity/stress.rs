@@ -9,7 +9,8 @@
 //!   FAILED_PRECONDITION for a volume still staged or published, or not staged yet), never
 //!   INTERNAL, UNKNOWN or a hang;
 //! - a call answered ABORTED succeeds or gets a definite answer when retried;
-//! - no duplicate volumes: one id per name, one record per pool file and back, at most one
+//! - no duplicate volumes: one id per name (also when the same name comes with two
+//!   sizes at once), one record per pool file and back, of the same size, at most one
 //!   loop device per volume and one mount per path;
 //! - the state is not corrupted: afterwards every volume can be created, staged, written,
 //!   published, snapshotted and torn down, each call first time;
@@ -85,6 +86,8 @@ fn cap() -> VolumeCapability {
 #[derive(Debug, Clone)]
 enum Call {
     Create(usize),
+    /// The same name with another size: conflicts with `Create` of a volume that exists.
+    CreateBigger(usize),
     Delete(usize),
     Snapshot(usize),
     DeleteSnapshot(usize),
@@ -104,8 +107,9 @@ impl Call {
         } else {
             format!("c{client}-{v}")
         };
-        match rng.below(10) {
+        match rng.below(11) {
             0 | 1 => Call::Create(v),
+            10 => Call::CreateBigger(v),
             2 => Call::Delete(v),
             3 => Call::Snapshot(rng.below(VOLUMES * 2)),
             4 => Call::DeleteSnapshot(rng.below(VOLUMES * 2)),
@@ -121,6 +125,8 @@ impl Call {
         use Code::*;
         match self {
             Call::Create(_) | Call::DeleteSnapshot(_) => code == Ok,
+            // The name exists with the smaller size.
+            Call::CreateBigger(_) => matches!(code, Ok | AlreadyExists),
             // Still staged here.
             Call::Delete(_) => matches!(code, Ok | FailedPrecondition),
             // Source gone, or never made.
@@ -140,9 +146,14 @@ impl Call {
         let mut node = d.node();
         let cap = cap();
         match self {
-            Call::Create(v) => {
+            Call::Create(v) | Call::CreateBigger(v) => {
+                let size = if matches!(self, Call::Create(_)) {
+                    16 * MIB
+                } else {
+                    32 * MIB
+                };
                 let volume = controller
-                    .create_volume(create_request(&volume_name(*v), 16 * MIB, vec![cap]))
+                    .create_volume(create_request(&volume_name(*v), size, vec![cap]))
                     .await?
                     .into_inner()
                     .volume
@@ -283,6 +294,17 @@ async fn assert_consistent(d: &Driver) {
         .collect();
     let records: BTreeSet<String> = unique.into_iter().cloned().collect();
     assert_eq!(files, records, "backing files and volume records disagree");
+    for volume in listed.entries.iter().filter_map(|e| e.volume.as_ref()) {
+        let file_bytes = fs::metadata(d.backing_file(&volume.volume_id))
+            .map(|m| m.len())
+            .unwrap_or(0);
+        assert_eq!(
+            i64::try_from(file_bytes).ok(),
+            Some(volume.capacity_bytes),
+            "{}: backing file and record disagree on the size",
+            volume.volume_id
+        );
+    }
     for id in &ids {
         // `loop_of` itself fails on more than one loop device per volume.
         let attached = d.loop_of(id).is_some();

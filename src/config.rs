@@ -153,6 +153,9 @@ pub struct Config {
     pub path_roots: Vec<PathBuf>,
     /// Where to serve `/metrics` and `/healthz`; `None` turns the HTTP port off.
     pub metrics_address: Option<std::net::SocketAddr>,
+    /// The group that owns the unix socket (with mode 0660 its members may call the
+    /// driver); `None` keeps the driver's own group.
+    pub socket_group: Option<u32>,
 }
 
 impl Config {
@@ -177,6 +180,7 @@ impl Config {
             tool_timeout: Duration::from_secs(120),
             max_blocking_jobs: 16,
             metrics_address: None,
+            socket_group: None,
             path_roots: vec![PathBuf::from(Self::KUBELET_DIR)],
         }
     }

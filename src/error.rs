@@ -112,8 +112,50 @@ impl Error {
     }
 }
 
+/// The longest status message sent, in bytes. A status message travels in an HTTP/2
+/// trailer, and clients refuse header blocks past a few KiB (16 KiB in h2), so a message
+/// that echoed a huge request value would break the connection instead of answering.
+pub const MAX_STATUS_MESSAGE: usize = 2048;
+
+/// `text` cut to at most `max` bytes on a character boundary, saying how much was cut.
+pub fn clipped(text: &str, max: usize) -> std::borrow::Cow<'_, str> {
+    if text.len() <= max {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut cut = max.saturating_sub(32);
+    while !text.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    std::borrow::Cow::Owned(format!(
+        "{}… ({} more bytes)",
+        &text[..cut],
+        text.len() - cut
+    ))
+}
+
 impl From<Error> for tonic::Status {
     fn from(err: Error) -> Self {
-        tonic::Status::new(err.code(), err.to_string())
+        let message = err.to_string();
+        tonic::Status::new(
+            err.code(),
+            clipped(&message, MAX_STATUS_MESSAGE).into_owned(),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_messages_are_clipped_on_a_character_boundary() {
+        let long = Error::InvalidArgument(format!("fs_type {:?}", "é".repeat(1 << 20)));
+        let status = tonic::Status::from(long);
+        assert_eq!(status.code(), tonic::Code::InvalidArgument);
+        assert!(status.message().len() <= MAX_STATUS_MESSAGE);
+        assert!(status.message().starts_with("fs_type \"é"));
+        assert!(status.message().ends_with("more bytes)"));
+        let short = tonic::Status::from(Error::NotFound("volume x does not exist".into()));
+        assert_eq!(short.message(), "volume x does not exist");
     }
 }

@@ -10,6 +10,7 @@ pub mod admin;
 pub mod backend;
 pub mod config;
 pub mod controller;
+pub mod crash;
 pub mod driver;
 pub mod error;
 pub mod http;

@@ -99,6 +99,10 @@ struct Cli {
     /// Log format
     #[arg(long, value_enum, default_value = "text")]
     log_format: LogFormat,
+    /// The group (name or number) that owns the unix socket; its members may call the
+    /// driver [default: the driver's own group]
+    #[arg(long, value_parser = parse_group)]
+    socket_group: Option<u32>,
 }
 
 /// Operator commands.
@@ -245,6 +249,18 @@ fn backend_config(
     Ok(BackendConfig::Lvm(classes))
 }
 
+/// `--socket-group`: a group name from the group database, or a number.
+fn parse_group(raw: &str) -> Result<u32, String> {
+    if let Ok(gid) = raw.parse::<u32>() {
+        return Ok(gid);
+    }
+    match nix::unistd::Group::from_name(raw) {
+        Ok(Some(group)) => Ok(group.gid.as_raw()),
+        Ok(None) => Err(format!("no group named {raw:?}")),
+        Err(e) => Err(format!("cannot look up group {raw:?}: {e}")),
+    }
+}
+
 /// `--metrics-address`: an address, or `off`.
 #[derive(Debug, Clone, Copy)]
 struct MetricsAddress(Option<SocketAddr>);
@@ -360,6 +376,7 @@ fn main() -> ExitCode {
     config.mode = cli.mode;
     config.expansion = cli.expansion;
     config.metrics_address = cli.metrics_address.0;
+    config.socket_group = cli.socket_group;
     if let Some(bad) = cli
         .path_roots
         .iter()
@@ -385,6 +402,7 @@ fn main() -> ExitCode {
         let driver = tokio::task::spawn_blocking(move || server::open_driver(config))
             .await
             .map_err(|e| ferrovol::Error::Internal(e.to_string()))??;
+        ferrovol::crash::arm_from_env();
         server::run(driver, endpoint, shutdown_signal()).await
     });
     match result {

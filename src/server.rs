@@ -28,6 +28,7 @@ use crate::driver::Driver;
 use crate::error::{Error, Result};
 use crate::identity::IdentityService;
 use crate::node::NodeService;
+use crate::os::{freeze, mount};
 
 /// Where the driver listens.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -93,8 +94,10 @@ fn clear_stale_socket(path: &Path) -> Result<()> {
     }
 }
 
-/// Binds a unix socket that only its owner and group can use (mode 0660).
-fn bind_unix(path: &Path) -> Result<UnixListener> {
+/// Binds a unix socket that only its owner (the driver's user) and group can use (mode
+/// 0660); `group` gives the socket to another group, whose members may then call the
+/// driver.
+fn bind_unix(path: &Path, group: Option<u32>) -> Result<UnixListener> {
     if let Some(parent) = path.parent() {
         fs::create_dir_all(parent).map_err(|e| Error::io("create socket directory", parent, e))?;
     }
@@ -107,6 +110,11 @@ fn bind_unix(path: &Path) -> Result<UnixListener> {
     let listener = bound.map_err(|e| Error::io("bind", path, e))?;
     fs::set_permissions(path, fs::Permissions::from_mode(0o660))
         .map_err(|e| Error::io("chmod", path, e))?;
+    if let Some(gid) = group {
+        // Still 0660 and owned by the driver's group until here: never wider than asked.
+        nix::unistd::chown(path, None, Some(nix::unistd::Gid::from_raw(gid)))
+            .map_err(|e| Error::sys("chown", path, e))?;
+    }
     Ok(listener)
 }
 
@@ -115,6 +123,9 @@ fn bind_unix(path: &Path) -> Result<UnixListener> {
 /// # Errors
 /// `Io` or `Record` when the pool or the store cannot be opened.
 pub fn open_driver(config: Config) -> Result<Arc<Driver>> {
+    // A first start on a fresh node has neither directory yet.
+    fs::create_dir_all(&config.state_dir)
+        .map_err(|e| Error::io("create state directory", &config.state_dir, e))?;
     let backend: Arc<dyn Backend> = match &config.backend {
         BackendConfig::Loop => {
             let backend = LoopBackend::open(&config.pool_dir)?;
@@ -160,11 +171,19 @@ fn restore_records(driver: &Driver) -> Result<()> {
     Ok(())
 }
 
-/// Reports records and storage that disagree, after a crash or a reboot.
+/// Reports records and storage that disagree, after a crash or a reboot, and thaws the
+/// filesystems of staged volumes.
 ///
 /// Nothing is deleted here: storage without a record is left by a CreateVolume that never
 /// answered, and its retry adopts it; stage records without a mount are restored by the
 /// NodeStageVolume that kubelet sends after a reboot.
+///
+/// A driver that died during CreateSnapshot (or a clone) of a staged volume left that
+/// volume's filesystem frozen, and every writer in the pod blocked, until a retry of the
+/// same call happens to thaw it, which may never come. So every staging mount of this
+/// node's volumes is thawed at start; thawing one that is not frozen changes nothing.
+/// The kernel does not say who froze a filesystem, so this also ends a freeze that
+/// someone else made on a staged volume (see `os::freeze`).
 fn reconcile(driver: &Driver) {
     if driver.config.mode != Mode::Node {
         match driver.backend.list() {
@@ -185,13 +204,25 @@ fn reconcile(driver: &Driver) {
         }
     }
     if driver.config.mode != Mode::Controller {
+        let table = mount::read_mountinfo().unwrap_or_else(|e| {
+            warn!(cause = %e, "cannot read the mount table; frozen staging mounts stay as they are");
+            Vec::new()
+        });
         for record in driver.staged.all() {
-            let attached = crate::ids::VolumeId::parse_ours("volume_id", &record.volume_id)
+            let devices = crate::ids::VolumeId::parse_ours("volume_id", &record.volume_id)
                 .ok()
                 .and_then(|id| driver.backend.devices(&id).ok())
-                .is_some_and(|d| !d.is_empty());
-            if !attached {
+                .unwrap_or_default();
+            if devices.is_empty() {
                 warn!(volume_id = %record.volume_id, "staged volume has no device (node rebooted?); NodeStageVolume restores it");
+                continue;
+            }
+            let staged_here = mount::mount_at(&table, &record.staging_path)
+                .is_some_and(|m| devices.iter().any(|d| d.is_source_of(m)));
+            if staged_here {
+                if let Err(e) = freeze::thaw(&record.staging_path) {
+                    warn!(volume_id = %record.volume_id, cause = %e, "cannot thaw the staging mount");
+                }
             }
         }
     }
@@ -212,10 +243,10 @@ enum Bound {
 }
 
 impl Bound {
-    async fn bind(endpoint: Endpoint) -> Result<Self> {
+    async fn bind(endpoint: Endpoint, socket_group: Option<u32>) -> Result<Self> {
         match endpoint {
             Endpoint::Unix(path) => {
-                let listener = bind_unix(&path)?;
+                let listener = bind_unix(&path, socket_group)?;
                 Ok(Bound::Unix(path, listener))
             }
             Endpoint::Tcp(addr) => {
@@ -250,7 +281,7 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<()> {
     // The CSI endpoint is bound first: a second driver on a live socket stops there.
-    let bound = Bound::bind(endpoint).await?;
+    let bound = Bound::bind(endpoint, driver.config.socket_group).await?;
     let metrics = match driver.config.metrics_address {
         Some(addr) => match crate::http::bind(addr).await {
             Ok(listener) => Some(tokio::spawn(crate::http::serve(

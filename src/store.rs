@@ -190,6 +190,7 @@ pub fn write_atomically(dir: &Path, name: &str, bytes: &[u8]) -> Result<()> {
         .map_err(|e| Error::io("write", &tmp, e))?;
     file.sync_all().map_err(|e| Error::io("fsync", &tmp, e))?;
     drop(file);
+    crate::crash_point!("store.before_rename");
     fs::rename(&tmp, &target).map_err(|e| Error::io("rename into place", &target, e))?;
     sync_dir(dir)
 }

@@ -27,6 +27,11 @@ pub const BACKEND_PARAMETER: &str = "backend";
 pub const MAX_NAME_LEN: usize = 256;
 /// The longest path accepted.
 pub const MAX_PATH_LEN: usize = 4096;
+/// The longest component of a path accepted (the kernel's NAME_MAX).
+pub const MAX_PATH_COMPONENT_LEN: usize = 255;
+/// The most bytes (keys and values together) a parameter map may hold, the CSI spec's
+/// size limit for `map<string, string>` fields.
+pub const MAX_PARAMETER_BYTES: usize = 4096;
 
 /// How a capability wants the volume presented.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -125,7 +130,7 @@ pub fn capability(field: &str, cap: Option<&VolumeCapability>) -> Result<Capabil
                 Some(FsType::parse(&mount.fs_type).ok_or_else(|| {
                     Error::InvalidArgument(format!(
                         "{field}: fs_type {:?} is not supported (use ext4, xfs or btrfs)",
-                        mount.fs_type
+                        clip(&mount.fs_type)
                     ))
                 })?)
             };
@@ -166,6 +171,23 @@ pub fn capabilities(field: &str, caps: &[VolumeCapability]) -> Result<Vec<Capabi
         .collect()
 }
 
+/// Checks a node id from a request: present and at most [`MAX_NAME_LEN`] bytes.
+///
+/// # Errors
+/// `InvalidArgument` when it is empty or too long.
+pub fn node_id(field: &str, node_id: &str) -> Result<()> {
+    if node_id.is_empty() {
+        return Err(Error::InvalidArgument(format!("{field} is required")));
+    }
+    if node_id.len() > MAX_NAME_LEN {
+        return Err(Error::InvalidArgument(format!(
+            "{field} is {} bytes long; at most {MAX_NAME_LEN} are allowed",
+            node_id.len()
+        )));
+    }
+    Ok(())
+}
+
 /// Checks that a CSI name is present and sane.
 ///
 /// # Errors
@@ -201,6 +223,12 @@ pub fn parameters(
     backend_kind: &str,
     backend_check: impl Fn(&str, &str) -> Result<()>,
 ) -> Result<()> {
+    let bytes: usize = params.iter().map(|(k, v)| k.len() + v.len()).sum();
+    if bytes > MAX_PARAMETER_BYTES {
+        return Err(Error::InvalidArgument(format!(
+            "parameters hold {bytes} bytes; at most {MAX_PARAMETER_BYTES} are allowed"
+        )));
+    }
     let mut keys: Vec<&String> = params.keys().collect();
     keys.sort();
     for key in keys {
@@ -314,6 +342,15 @@ pub fn abs_path(field: &str, raw: &str) -> Result<PathBuf> {
     if path.components().any(|c| c == Component::ParentDir) {
         return Err(Error::InvalidArgument(format!(
             "{field} {raw:?} must not contain '..'"
+        )));
+    }
+    if let Some(long) = path
+        .components()
+        .find(|c| c.as_os_str().len() > MAX_PATH_COMPONENT_LEN)
+    {
+        return Err(Error::InvalidArgument(format!(
+            "{field} has a component of {} bytes; at most {MAX_PATH_COMPONENT_LEN} are allowed",
+            long.as_os_str().len()
         )));
     }
     if path.parent().is_none() {
@@ -445,7 +482,8 @@ mod tests {
             abs_path("p", "/a//b/./c/").ok(),
             Some(PathBuf::from("/a/b/c"))
         );
-        for bad in ["", "a/b", "/a/../b", "/"] {
+        let long = format!("/a/{}/b", "x".repeat(256));
+        for bad in ["", "a/b", "/a/../b", "/", &long] {
             assert!(abs_path("p", bad).is_err(), "{bad}");
         }
     }

@@ -159,11 +159,15 @@ impl LoopBackend {
     /// sizes the copy to `size_bytes` when that is larger.
     fn copy_into(&self, src: &Path, dst: &Path, size_bytes: Option<u64>) -> Result<()> {
         let frozen = self.freeze_if_mounted(src)?;
+        if frozen.is_some() {
+            crate::crash_point!("copy.frozen");
+        }
         let method = clone::clone_file(src, dst);
         if let Some(guard) = frozen {
             guard.thaw()?;
         }
         let method = method?;
+        crate::crash_point!("copy.after_clone");
         tracing::debug!(?method, src = %src.display(), dst = %dst.display(), "copied");
         if let Some(size) = size_bytes {
             let grown = OpenOptions::new()

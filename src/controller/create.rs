@@ -166,8 +166,10 @@ pub(super) async fn create_volume(
             let described = record.clone();
             match record.content_source.clone() {
                 None => {
+                    crate::crash_point!("create.before_file");
                     d.blocking(move || backend.create(&create_id, size, &described))
-                        .await?
+                        .await?;
+                    crate::crash_point!("create.after_file");
                 }
                 Some(from) => {
                     // The source stays put (no delete, no expand) while it is copied.
@@ -176,6 +178,13 @@ pub(super) async fn create_volume(
                         ContentSource::Volume { volume_id } => volume_id.clone(),
                     };
                     let _source_guard = d.locks.try_lock(&source_key)?;
+                    match &from {
+                        ContentSource::Snapshot { .. } => {
+                            crate::crash_point!("restore.before_copy")
+                        }
+                        ContentSource::Volume { .. } => crate::crash_point!("clone.before_copy"),
+                    }
+                    let copied = from.clone();
                     d.blocking(move || {
                         let (snapshot, volume);
                         let source = match &from {
@@ -190,7 +199,11 @@ pub(super) async fn create_volume(
                         };
                         backend.create_from(&create_id, source, size, &described)
                     })
-                    .await?
+                    .await?;
+                    match copied {
+                        ContentSource::Snapshot { .. } => crate::crash_point!("restore.after_copy"),
+                        ContentSource::Volume { .. } => crate::crash_point!("clone.after_copy"),
+                    }
                 }
             }
             let stored = Arc::clone(&d);
@@ -203,6 +216,11 @@ pub(super) async fn create_volume(
                 let backend = Arc::clone(&d.backend);
                 let _ = d.blocking(move || backend.delete(&id)).await;
                 return Err(e);
+            }
+            match &record.content_source {
+                None => crate::crash_point!("create.after_record"),
+                Some(ContentSource::Snapshot { .. }) => crate::crash_point!("restore.after_record"),
+                Some(ContentSource::Volume { .. }) => crate::crash_point!("clone.after_record"),
             }
             info!(volume_id = %record.volume_id, capacity_bytes = size, "volume created");
             Ok(CreateVolumeResponse {
@@ -271,11 +289,14 @@ pub(super) async fn delete_volume(
         .locked(&key, move |d| async move {
             let backend = Arc::clone(&d.backend);
             let delete_id = id.clone();
+            crate::crash_point!("delete.before_file");
             d.blocking(move || backend.delete(&delete_id)).await?;
+            crate::crash_point!("delete.after_file");
             let stored = Arc::clone(&d);
             let record_id = id.to_string();
             d.blocking(move || stored.volumes.remove(&record_id))
                 .await?;
+            crate::crash_point!("delete.after_record");
             info!(volume_id = %id, "volume deleted");
             Ok(DeleteVolumeResponse {})
         })

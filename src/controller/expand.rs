@@ -55,11 +55,14 @@ pub(super) async fn expand_volume(
             if size > record.capacity_bytes {
                 let backend = Arc::clone(&d.backend);
                 let grow_id = id.clone();
+                crate::crash_point!("expand.before_grow");
                 d.blocking(move || backend.expand(&grow_id, size)).await?;
+                crate::crash_point!("expand.after_grow");
                 record.capacity_bytes = size;
                 let stored = Arc::clone(&d);
                 d.blocking(move || stored.volumes.put(&record.volume_id.clone(), &record))
                     .await?;
+                crate::crash_point!("expand.after_record");
                 info!(capacity_bytes = size, "volume expanded");
             }
             Ok(ControllerExpandVolumeResponse {

@@ -23,9 +23,7 @@ pub(super) async fn publish(
     req: ControllerPublishVolumeRequest,
 ) -> Result<ControllerPublishVolumeResponse> {
     let id = VolumeId::parse_ours("volume_id", &req.volume_id)?;
-    if req.node_id.is_empty() {
-        return Err(Error::InvalidArgument("node_id is required".into()));
-    }
+    validate::node_id("node_id", &req.node_id)?;
     validate::capability("volume_capability", req.volume_capability.as_ref())?;
     let key = id.to_string();
     driver
@@ -112,7 +110,7 @@ pub(super) fn validate_capabilities(
     let record = driver.volume_record(&id)?;
     let unconfirmed = |message: String| ValidateVolumeCapabilitiesResponse {
         confirmed: None,
-        message,
+        message: crate::error::clipped(&message, crate::error::MAX_STATUS_MESSAGE).into_owned(),
     };
     if let Err(e) = validate::parameters(&req.parameters, driver.backend.kind(), |k, v| {
         driver.backend.check_parameter(k, v)

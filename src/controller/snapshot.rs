@@ -82,9 +82,11 @@ pub(super) async fn create_snapshot(
                 parameters: req.parameters.into_iter().collect::<BTreeMap<_, _>>(),
             };
             let described = record.clone();
+            crate::crash_point!("snapshot.before_copy");
             record.size_bytes = d
                 .blocking(move || backend.snapshot(&copy_source, &copy_id, &described))
                 .await?;
+            crate::crash_point!("snapshot.after_copy");
             let size = record.size_bytes;
             let stored = Arc::clone(&d);
             let to_store = record.clone();
@@ -100,6 +102,7 @@ pub(super) async fn create_snapshot(
                 let _ = d.blocking(move || backend.delete_snapshot(&id)).await;
                 return Err(e);
             }
+            crate::crash_point!("snapshot.after_record");
             info!(snapshot_id = %record.snapshot_id, size_bytes = size, "snapshot created");
             Ok(CreateSnapshotResponse {
                 snapshot: Some(snapshot_message(&record)),

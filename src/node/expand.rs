@@ -114,6 +114,7 @@ pub(super) async fn expand(
                     refreshed.size_bytes()
                 })
                 .await?;
+            crate::crash_point!("node_expand.after_capacity");
             if let Some((fs, _)) = filesystem {
                 let needs_growth = fs != FsType::Ext4 || super::smaller_than_device(&d, &device, fs).await?;
                 if needs_growth && fs == FsType::Ext4 && !d.can_grow_mounted_ext4 {
@@ -124,6 +125,7 @@ pub(super) async fn expand(
                 }
                 if needs_growth {
                     grow::grow_filesystem(fs, &device.path, &path, d.config.tool_timeout).await?;
+                    crate::crash_point!("node_expand.after_fs_grow");
                 }
             }
             info!(capacity_bytes = size, "volume expanded on the node");
@@ -152,9 +154,11 @@ async fn grow_storage(
     if size > current {
         let backend = Arc::clone(&driver.backend);
         let grow_id = id.clone();
+        crate::crash_point!("node_expand.before_grow_file");
         driver
             .blocking(move || backend.expand(&grow_id, size))
             .await?;
+        crate::crash_point!("node_expand.after_grow_file");
         info!(capacity_bytes = size, "volume storage grown on the node");
     }
     // Also when the file grew in an earlier attempt whose record write failed.

@@ -84,6 +84,7 @@ pub(super) async fn stage(
             });
             if previous.is_none() {
                 put_record(&d, &record).await?;
+                crate::crash_point!("stage.after_record");
             }
             let mut attached_now = None;
             let result = stage_steps(&d, &id, &mut record, read_only, &mut attached_now).await;
@@ -135,10 +136,12 @@ async fn stage_steps(
             // A block volume staged for reading only gets a device that refuses writes; a
             // mount volume is protected by its read-only mount (and may need mkfs first).
             let read_only = read_only && record.access == StagedAccess::Block;
+            crate::crash_point!("stage.before_attach");
             let device = driver
                 .blocking(move || backend.attach(&attach_id, read_only))
                 .await?;
             *attached_now = Some(device.clone());
+            crate::crash_point!("stage.after_attach");
             device
         }
     };
@@ -186,6 +189,7 @@ async fn stage_steps(
     }
     let dev_path = device.path.clone();
     let mount_point = staging.clone();
+    crate::crash_point!("stage.before_mount");
     driver
         .blocking(move || {
             paths::ensure_dir(&staging)?;
@@ -206,6 +210,7 @@ async fn stage_steps(
             })
         })
         .await?;
+    crate::crash_point!("stage.after_mount");
     if grow_after_mount {
         if let Err(e) = grow::grow_filesystem(
             fs_type,
@@ -268,9 +273,12 @@ async fn ensure_filesystem(
             }
             record.formatting = true;
             put_record(driver, record).await?;
+            crate::crash_point!("stage.before_mkfs");
             tools::mkfs(&device.path, fs_type, overwrite, timeout).await?;
+            crate::crash_point!("stage.after_mkfs");
             record.formatting = false;
             put_record(driver, record).await?;
+            crate::crash_point!("stage.after_format_record");
             info!(fs_type = fs_type.as_str(), device = %device.path.display(), "formatted blank volume");
             Ok(false)
         }
@@ -336,7 +344,9 @@ pub(super) async fn unstage(
                 for _ in 0..8 {
                     match mount::mount_at(&table, &staging) {
                         Some(m) if devices.iter().any(|dev| dev.is_source_of(m)) => {
+                            crate::crash_point!("unstage.before_unmount");
                             mount::unmount(&staging)?;
+                            crate::crash_point!("unstage.after_unmount");
                             table = mount::read_mountinfo()?;
                         }
                         Some(m)
@@ -355,9 +365,11 @@ pub(super) async fn unstage(
                 for device in &devices {
                     backend.detach(&unstage_id, device)?;
                 }
+                crate::crash_point!("unstage.after_detach");
                 stored.staged.remove(unstage_id.as_str())
             })
             .await?;
+            crate::crash_point!("unstage.after_record");
             info!("volume unstaged");
             Ok(NodeUnstageVolumeResponse {})
         })

@@ -318,6 +318,8 @@ fn configure(
 /// # Errors
 /// `Io` when the device stays busy or the ioctl fails otherwise.
 pub fn detach(device: &LoopDevice) -> Result<()> {
+    let sys_dir = PathBuf::from(format!("/sys/block/{}", device.name()));
+    let backing = backing_file_of(&sys_dir);
     let file = match OpenOptions::new().read(true).open(&device.path) {
         Ok(f) => f,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
@@ -327,7 +329,12 @@ pub fn detach(device: &LoopDevice) -> Result<()> {
     loop {
         // SAFETY: LOOP_CLR_FD takes no argument; `file` is an open loop device fd.
         match unsafe { loop_clr_fd(file.as_raw_fd()) } {
-            Ok(_) | Err(Errno::ENXIO) => return Ok(()),
+            Ok(_) => {
+                drop(file);
+                wait_released(device, &sys_dir, backing.as_deref());
+                return Ok(());
+            }
+            Err(Errno::ENXIO) => return Ok(()),
             // A short-lived opener (blkid, udev) holds the device: wait a moment.
             Err(Errno::EBUSY) if attempts < 20 => {
                 attempts += 1;
@@ -336,6 +343,28 @@ pub fn detach(device: &LoopDevice) -> Result<()> {
             Err(e) => return Err(Error::sys("detach loop device", &device.path, e)),
         }
     }
+}
+
+/// Waits (at most about a second) until the device no longer holds `backing`.
+///
+/// While another process has the device open (blkid, udev, or any child forked in the
+/// instant before it execs), LOOP_CLR_FD only marks it for detaching at the last close.
+/// Waiting here lets a caller that reports the volume unstaged, or deletes its backing
+/// file next, see the device really gone; a holder that stays is left to the kernel.
+fn wait_released(device: &LoopDevice, sys_dir: &Path, backing: Option<&str>) {
+    let Some(backing) = backing else {
+        return;
+    };
+    for _ in 0..40 {
+        if backing_file_of(sys_dir).as_deref() != Some(backing) {
+            return;
+        }
+        thread::sleep(Duration::from_millis(25));
+    }
+    tracing::warn!(
+        device = %device.path.display(),
+        "another process still holds the loop device open; the kernel detaches it at its last close"
+    );
 }
 
 /// Makes the loop device pick up a new size of its backing file.

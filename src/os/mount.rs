@@ -152,14 +152,28 @@ pub fn bind(source: &Path, target: &Path, flags: MsFlags) -> Result<()> {
     Ok(())
 }
 
+/// How often an unmount that finds the mount busy is tried, a little apart. A mount is
+/// busy for an instant when another process holds it only briefly: a child forked by any
+/// multi-threaded process inherits its open files until it execs, and blkid or udev
+/// open device nodes to probe them. A mount really in use stays busy through all tries.
+const UNMOUNT_TRIES: u32 = 8;
+
 /// Unmounts `target` without following a symlink there. Not mounted counts as success.
+/// A busy mount is tried again a few times within about half a second (blocks the thread).
 ///
 /// # Errors
-/// `Io` for EBUSY and other failures.
+/// `Io` for EBUSY that lasts, and other failures.
 pub fn unmount(target: &Path) -> Result<()> {
-    match umount2(target, MntFlags::UMOUNT_NOFOLLOW) {
-        Ok(()) | Err(Errno::EINVAL) | Err(Errno::ENOENT) => Ok(()),
-        Err(e) => Err(Error::sys("unmount", target, e)),
+    let mut tries = 1;
+    loop {
+        match umount2(target, MntFlags::UMOUNT_NOFOLLOW) {
+            Ok(()) | Err(Errno::EINVAL) | Err(Errno::ENOENT) => return Ok(()),
+            Err(Errno::EBUSY) if tries < UNMOUNT_TRIES => {
+                std::thread::sleep(std::time::Duration::from_millis(15 * u64::from(tries)));
+                tries += 1;
+            }
+            Err(e) => return Err(Error::sys("unmount", target, e)),
+        }
     }
 }
 
@@ -190,10 +204,28 @@ const REFUSED_FLAGS: &[&str] = &[
     "group",
 ];
 
+/// Filesystem options that name something outside the volume (a host device for a journal,
+/// log, realtime section or extra btrfs device; a security label) or that turn a fault of
+/// the volume into a crash of the node (`errors=panic`). Refused whatever their value.
+const REFUSED_OPTIONS: &[&str] = &[
+    "journal_path",
+    "journal_dev",
+    "logdev",
+    "rtdev",
+    "device",
+    "context",
+    "fscontext",
+    "defcontext",
+    "rootcontext",
+    "seclabel",
+];
+
 /// Turns the `mount_flags` of a capability into kernel flags and filesystem options.
 ///
 /// Every mount ferrovol makes is `nosuid` and `nodev`; flags that would undo that, or that
-/// turn the mount into a bind, move or remount, are refused.
+/// turn the mount into a bind, move or remount, are refused, and so are filesystem options
+/// that reach outside the volume: the ones in [`REFUSED_OPTIONS`], any option that holds
+/// a path (a `/`), and `errors=panic`.
 ///
 /// # Errors
 /// `InvalidArgument` naming the offending flag.
@@ -206,12 +238,21 @@ pub fn parse_mount_flags(mount_flags: &[String]) -> Result<MountOptions> {
         let flag = raw.trim();
         if flag.is_empty() || flag.len() > 256 || flag.contains([',', '\0', '\n', ' ']) {
             return Err(Error::InvalidArgument(format!(
-                "mount flag {raw:?} is empty, too long or contains a separator"
+                "mount flag {:?} ({} bytes) is empty, too long or contains a separator",
+                crate::validate::clip(raw),
+                raw.len()
             )));
         }
         if REFUSED_FLAGS.contains(&flag) {
             return Err(Error::InvalidArgument(format!(
                 "mount flag {flag:?} is not allowed: it would weaken the volume's isolation"
+            )));
+        }
+        let option = flag.split_once('=').map_or(flag, |(option, _)| option);
+        if REFUSED_OPTIONS.contains(&option) || flag.contains('/') || flag == "errors=panic" {
+            return Err(Error::InvalidArgument(format!(
+                "mount flag {flag:?} is not allowed: it would reach outside the volume (a host \
+                 device, path or security label) or let the volume crash the node"
             )));
         }
         let kernel = match flag {
@@ -296,7 +337,21 @@ mod tests {
 
     #[test]
     fn weakening_flags_are_refused() {
-        for bad in ["suid", "dev", "bind", "remount", "a,b", ""] {
+        for bad in [
+            "suid",
+            "dev",
+            "bind",
+            "remount",
+            "a,b",
+            "",
+            "logdev=/dev/sda",
+            "device=/dev/sdb",
+            "journal_path=/dev/vda1",
+            "journal_dev=2049",
+            "context=system_u:object_r:etc_t:s0",
+            "usrjquota=/etc/passwd",
+            "errors=panic",
+        ] {
             assert!(
                 matches!(
                     parse_mount_flags(&[bad.into()]),

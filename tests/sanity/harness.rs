@@ -88,6 +88,8 @@ pub struct Options {
     pub pool_fs: Option<PoolFs>,
     /// More flags, appended as given (`--mode controller`, `--expansion node`, ...).
     pub extra_args: Vec<String>,
+    /// Environment variables for the driver process (`FERROVOL_CRASH_AT`, ...).
+    pub env: Vec<(String, String)>,
 }
 
 impl Default for Options {
@@ -101,6 +103,7 @@ impl Default for Options {
             tcp: false,
             pool_fs: None,
             extra_args: Vec::new(),
+            env: Vec::new(),
         }
     }
 }
@@ -252,6 +255,7 @@ impl Driver {
         if std::env::var_os("RUST_LOG").is_none() {
             cmd.env("RUST_LOG", "debug");
         }
+        cmd.envs(self.opts.env.iter().map(|(k, v)| (k, v)));
         cmd.spawn().expect("spawn the ferrovol binary")
     }
 
@@ -325,6 +329,16 @@ impl Driver {
         child.kill().expect("SIGKILL the driver");
         child.wait().expect("reap the driver");
         self.channel = None;
+    }
+
+    /// Waits up to `limit` for the driver to exit by itself (at a crash point, say) and
+    /// returns how it ended; `None` while it still runs after `limit`.
+    pub async fn wait_for_exit(&mut self, limit: Duration) -> Option<ExitStatus> {
+        let child = self.child.as_mut().expect("driver is running");
+        let status = wait_bounded(child, limit).await?;
+        self.child = None;
+        self.channel = None;
+        Some(status)
     }
 
     /// Sends SIGTERM and waits (bounded) for the driver to exit.

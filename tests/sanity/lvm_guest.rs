@@ -78,6 +78,11 @@ pub const HOST_ONLY: &[(&str, &str)] = &[
         "observability",
         "pool gauges and health of the loop pool directory",
     ),
+    ("crash", "SIGKILL at the crash points of the loop backend's file, loop and copy steps"),
+    ("stress", "a long concurrency attack, checked against the loop pool's files and loop devices"),
+    ("hostile", "hundreds of bad requests; refused before any backend work"),
+    ("malformed", "undecodable request bytes; refused before any backend work"),
+    ("exposure", "socket owner, group and mode, and the metrics labels"),
     ("lvm_guest", "this test, which boots the guest"),
 ];
 

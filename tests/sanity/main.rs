@@ -23,7 +23,11 @@
 //! (CreateVolume from a snapshot or a volume; snapshots outlive their source), `snapshot_data` (snapshots and clones of published volumes hold
 //! the data of their moment, restored into grown filesystems), `expand`
 //! (ControllerExpandVolume, NodeExpandVolume, online growth of ext4, xfs and block volumes),
-//! `pool` (reflinks on an XFS pool, sparse copies on an ext4 pool).
+//! `pool` (reflinks on an XFS pool, sparse copies on an ext4 pool), `crash` (SIGKILL at
+//! every crash point of the driver, restart, retry; needs `--features crash-points`),
+//! `stress` (overlapping calls from many clients, seeded), `hostile` (malformed and
+//! hostile input to every RPC), `malformed` (undecodable bytes to every method), `exposure` (socket owner,
+//! group and who may connect; no request data in `/metrics`).
 
 mod content;
 mod harness;
@@ -33,15 +37,19 @@ mod requests;
 
 mod concurrency;
 mod controller;
+mod crash;
 mod create;
 mod data;
 mod expand;
+mod exposure;
+mod hostile;
 mod identity;
 mod kubectl_walk;
 mod lifecycle;
 mod listing;
 mod lvm;
 mod lvm_guest;
+mod malformed;
 mod node;
 mod observability;
 mod operator;
@@ -53,3 +61,4 @@ mod reuse;
 mod snapshot;
 mod snapshot_data;
 mod socket;
+mod stress;

@@ -32,6 +32,21 @@ async fn socket_mode_is_0660_or_tighter() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_start_creates_the_state_and_pool_dirs() {
+    // A fresh node: neither directory exists yet (the harness normally makes them).
+    let mut d = Driver::prepare(Options::default());
+    std::fs::remove_dir(&d.state).expect("remove the state dir");
+    std::fs::remove_dir(&d.pool).expect("remove the pool dir");
+    d.spawn_and_connect().await;
+    assert!(d.state.is_dir() && d.pool.is_dir());
+    ok(
+        d.identity().probe(ProbeRequest {}).await,
+        "Probe on a first start",
+    );
+    d.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn second_driver_on_a_live_socket_fails() {
     let mut d = Driver::start().await;
     // Same socket, its own pool and state, so only the socket is contested.

@@ -78,11 +78,26 @@ pub const HOST_ONLY: &[(&str, &str)] = &[
         "observability",
         "pool gauges and health of the loop pool directory",
     ),
-    ("crash", "SIGKILL at the crash points of the loop backend's file, loop and copy steps"),
-    ("stress", "a long concurrency attack, checked against the loop pool's files and loop devices"),
-    ("hostile", "hundreds of bad requests; refused before any backend work"),
-    ("malformed", "undecodable request bytes; refused before any backend work"),
-    ("exposure", "socket owner, group and mode, and the metrics labels"),
+    (
+        "crash",
+        "SIGKILL at the crash points of the loop backend's file, loop and copy steps",
+    ),
+    (
+        "stress",
+        "a long concurrency attack, checked against the loop pool's files and loop devices",
+    ),
+    (
+        "hostile",
+        "hundreds of bad requests; refused before any backend work",
+    ),
+    (
+        "malformed",
+        "undecodable request bytes; refused before any backend work",
+    ),
+    (
+        "exposure",
+        "socket owner, group and mode, and the metrics labels",
+    ),
     ("lvm_guest", "this test, which boots the guest"),
 ];
 
@@ -126,13 +141,23 @@ fn lvm_backend_in_a_guest() {
         .lines()
         .filter(|l| l.starts_with("test ") && l.ends_with("FAILED"))
         .collect();
+    // A guest that never ran the suite (no boot, a panic, a timeout) leaves no suite log:
+    // then its console says why.
+    let evidence = if log.trim().is_empty() {
+        let console = std::fs::read_to_string(run.join("console.log")).unwrap_or_default();
+        format!(
+            "----- end of the guest console -----\n{}",
+            tail(&console, 150)
+        )
+    } else {
+        format!("----- end of the suite log -----\n{}", tail(&log, 150))
+    };
     assert!(
         status.success(),
         "the lvm suite in the guest failed ({status}); failed tests: {failures:#?}\n\
-         suite log: {}\nconsole: {}\n----- end of the suite log -----\n{}",
+         suite log: {}\nconsole: {}\n{evidence}",
         run.join("ctl/sanity.log").display(),
         run.join("console.log").display(),
-        tail(&log, 150)
     );
     let passed = log
         .lines()

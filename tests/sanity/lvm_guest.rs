@@ -131,6 +131,9 @@ fn lvm_backend_in_a_guest() {
         .env("FERROVOL_SANITY_BIN", &binary)
         .env("FERROVOL_SANITY_SKIP", skip.join(" "))
         .env("FERROVOL_SANITY_ONLY", only)
+        // Three tests at a time on the guest's two vCPUs: lvm commands and mkfs wait on
+        // locks and I/O often enough for a third to use the time.
+        .env("RUST_TEST_THREADS", "3")
         .env_remove("FERROVOL_SANITY_ARGS")
         .current_dir(repo)
         .status()

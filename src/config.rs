@@ -156,6 +156,9 @@ pub struct Config {
     /// The group that owns the unix socket (with mode 0660 its members may call the
     /// driver); `None` keeps the driver's own group.
     pub socket_group: Option<u32>,
+    /// How many times the loop pool's space sparse volumes may be promised in all
+    /// (1.0: never more than exists).
+    pub overprovision_ratio: f64,
 }
 
 impl Config {
@@ -182,6 +185,7 @@ impl Config {
             metrics_address: None,
             socket_group: None,
             path_roots: vec![PathBuf::from(Self::KUBELET_DIR)],
+            overprovision_ratio: 1.0,
         }
     }
 }

@@ -8,6 +8,7 @@
 
 pub mod admin;
 pub mod backend;
+pub mod bench;
 pub mod config;
 pub mod controller;
 pub mod crash;

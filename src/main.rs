@@ -93,6 +93,11 @@ struct Cli {
     /// target paths anywhere else, or through a symbolic link, are refused
     #[arg(long = "path-root", default_value = "/var/lib/kubelet")]
     path_roots: Vec<PathBuf>,
+    /// How many times the loop pool's free space sparse volumes may be promised in all
+    /// (1: no overcommit; 2: twice the pool). Writes into an overcommitted pool can fail
+    /// with ENOSPC inside the volumes
+    #[arg(long, default_value_t = 1.0)]
+    overprovision_ratio: f64,
     /// Where to serve /metrics and /healthz over HTTP (HOST:PORT), or `off`
     #[arg(long, default_value = "127.0.0.1:9810", value_parser = parse_metrics_address)]
     metrics_address: MetricsAddress,
@@ -136,6 +141,8 @@ enum Command {
         #[arg(long, value_enum, default_value = "table")]
         output: Output,
     },
+    /// Load a CSI endpoint (this driver or another) and print latency and throughput
+    Bench(ferrovol::bench::BenchArgs),
 }
 
 /// `ferrovol volumes ...`
@@ -186,6 +193,7 @@ fn run_command(command: Command, paths: &Paths, default_fs: FsType) -> ExitCode 
             wait_secs,
             output,
         } => admin::gc::gc(paths, dry_run, Duration::from_secs(wait_secs), output),
+        Command::Bench(args) => return ferrovol::bench::main(args),
     };
     match report {
         Ok(report) => {
@@ -377,6 +385,14 @@ fn main() -> ExitCode {
     config.expansion = cli.expansion;
     config.metrics_address = cli.metrics_address.0;
     config.socket_group = cli.socket_group;
+    if !ferrovol::backend::tally::valid_ratio(cli.overprovision_ratio) {
+        error!(
+            ratio = cli.overprovision_ratio,
+            "--overprovision-ratio must be a number of at least 1"
+        );
+        return ExitCode::FAILURE;
+    }
+    config.overprovision_ratio = cli.overprovision_ratio;
     if let Some(bad) = cli
         .path_roots
         .iter()

@@ -128,7 +128,8 @@ pub fn open_driver(config: Config) -> Result<Arc<Driver>> {
         .map_err(|e| Error::io("create state directory", &config.state_dir, e))?;
     let backend: Arc<dyn Backend> = match &config.backend {
         BackendConfig::Loop => {
-            let backend = LoopBackend::open(&config.pool_dir)?;
+            let backend =
+                LoopBackend::open_with_ratio(&config.pool_dir, config.overprovision_ratio)?;
             // gc judges the pool's files by this state directory's records: say which it is.
             if config.mode != Mode::Node {
                 crate::backend::loopfile::write_owner(&config.pool_dir, &config.state_dir)?;

@@ -4,8 +4,12 @@
 //! A volume is `POOL/<volume id>.img`, created sparse with `ftruncate`, so creation costs
 //! the same whatever the size. Sparse files must not overcommit the pool: the space the
 //! pool can still promise is the filesystem's available space minus what existing volumes
-//! may still grow into (their size less what they already occupy). A mutex makes
-//! check-and-create atomic, so two concurrent creates cannot both take the last space.
+//! may still grow into (their size less what they already occupy), times the
+//! overprovisioning ratio (`--overprovision-ratio`, 1 by default: no overcommit). Those
+//! figures are kept in memory ([`SpaceTally`]), so a create costs one `statvfs(2)`
+//! whatever the number of volumes. A mutex over the tally makes check-and-create atomic,
+//! so two concurrent creates cannot both take the last space; the fsyncs that make a new
+//! file durable run after the mutex is released.
 //!
 //! Snapshots are files in `POOL/snapshots/`; snapshots, restores and clones are made with
 //! reflinks where the pool filesystem has them (XFS with reflink, btrfs: constant time,
@@ -15,15 +19,17 @@
 //!
 //! # Limitations
 //! Space that other programs write into the pool's filesystem after a volume was created
-//! can still starve it; then the writer inside the volume sees ENOSPC.
+//! can still starve it, and so can overprovisioning; then the writer inside the volume
+//! sees ENOSPC (and NodeGetVolumeStats reports the volume abnormal).
 
 use std::fs::{self, OpenOptions};
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Mutex, MutexGuard};
 
 use nix::unistd::{access, AccessFlags};
 
+use crate::backend::tally::{self, Holding, SpaceTally};
 use crate::backend::{Backend, Device, PoolCapacity, Source, StorageStatus};
 use crate::error::{Error, Result};
 use crate::ids::{ParsedId, SnapshotId, VolumeId};
@@ -39,8 +45,12 @@ const SNAPSHOT_DIR: &str = "snapshots";
 pub struct LoopBackend {
     /// The canonical path of the pool directory.
     pool_dir: PathBuf,
-    /// Serialises the free-space check with the creation that depends on it.
-    allocation: Mutex<()>,
+    /// Serialises the free-space check with the creation that depends on it, and holds
+    /// what every volume was promised and already occupies.
+    allocation: Mutex<SpaceTally>,
+    /// How many times the pool's space sparse volumes may be promised (1.0: no more than
+    /// exists).
+    overprovision_ratio: f64,
     /// Whether the pool filesystem shares extents (FICLONE works), probed once at open.
     reflinks: bool,
 }
@@ -104,21 +114,97 @@ pub fn snapshot_of_file(file_name: &str) -> Option<SnapshotId> {
 }
 
 impl LoopBackend {
-    /// Opens the pool, creating the directory if needed.
+    /// Opens the pool without overprovisioning, creating the directory if needed.
     ///
     /// # Errors
-    /// `Io` when the directory cannot be created or resolved.
+    /// `Io` when the directory cannot be created, resolved or measured.
     pub fn open(pool_dir: &Path) -> Result<Self> {
+        Self::open_with_ratio(pool_dir, 1.0)
+    }
+
+    /// Opens the pool, creating the directory if needed, and measures every volume in it.
+    /// Sparse volumes may be promised up to `overprovision_ratio` times the pool's space.
+    ///
+    /// # Errors
+    /// `InvalidArgument` for a ratio below 1 or not finite; `Io` when the directory cannot
+    /// be created, resolved or measured.
+    pub fn open_with_ratio(pool_dir: &Path, overprovision_ratio: f64) -> Result<Self> {
+        if !tally::valid_ratio(overprovision_ratio) {
+            return Err(Error::InvalidArgument(format!(
+                "overprovisioning ratio {overprovision_ratio} must be a number of at least 1"
+            )));
+        }
         fs::create_dir_all(pool_dir)
             .map_err(|e| Error::io("create pool directory", pool_dir, e))?;
         let pool_dir = fs::canonicalize(pool_dir)
             .map_err(|e| Error::io("resolve pool directory", pool_dir, e))?;
         let reflinks = clone::supports_reflink(&pool_dir)?;
-        Ok(LoopBackend {
+        let mut backend = LoopBackend {
             pool_dir,
-            allocation: Mutex::new(()),
+            allocation: Mutex::new(SpaceTally::from_holdings([])),
+            overprovision_ratio,
             reflinks,
+        };
+        let counted = backend.recount()?;
+        *backend
+            .allocation
+            .get_mut()
+            .unwrap_or_else(|p| p.into_inner()) = counted;
+        Ok(backend)
+    }
+
+    /// The tally, under the allocation lock.
+    fn tally(&self) -> MutexGuard<'_, SpaceTally> {
+        self.allocation.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Measures every backing file in the pool: O(number of volumes).
+    fn recount(&self) -> Result<SpaceTally> {
+        SpaceTally::count(self.list()?, |id| {
+            tally::measure_file(&self.backing_file(id))
         })
+    }
+
+    /// What the pool filesystem has available.
+    fn free_bytes(&self) -> Result<u64> {
+        Ok(statfs::usage(&self.pool_dir)?.available_bytes)
+    }
+
+    /// Fails with RESOURCE_EXHAUSTED unless the pool can promise `growth(tally)` more
+    /// bytes. The fast figure can only be too small (see [`SpaceTally`]), so it is
+    /// recounted before a refusal.
+    fn ensure_room(
+        &self,
+        tally: &mut SpaceTally,
+        what: &str,
+        growth: impl Fn(&SpaceTally) -> u64,
+    ) -> Result<()> {
+        let free = self.free_bytes()?;
+        if growth(tally) <= tally.available(free, self.overprovision_ratio) {
+            return Ok(());
+        }
+        *tally = self.recount()?;
+        let free = self.free_bytes()?;
+        let needed = growth(tally);
+        let available = tally.available(free, self.overprovision_ratio);
+        if needed > available {
+            return Err(Error::ResourceExhausted(format!(
+                "{what} needs {needed} more bytes but pool {} can promise only {available} \
+                 ({free} bytes free on its filesystem, overprovisioning ratio {})",
+                self.pool_dir.display(),
+                self.overprovision_ratio
+            )));
+        }
+        Ok(())
+    }
+
+    /// Records the current size and occupation of `id`'s backing file in the tally.
+    fn remeasure(&self, tally: &mut SpaceTally, id: &VolumeId) -> Result<()> {
+        match tally::measure_file(&self.backing_file(id))? {
+            Some(holding) => tally.set(id.clone(), holding),
+            None => tally.remove(id),
+        }
+        Ok(())
     }
 
     fn backing_file(&self, id: &VolumeId) -> PathBuf {
@@ -187,38 +273,6 @@ impl LoopBackend {
         }
         Ok(())
     }
-
-    /// Fails with RESOURCE_EXHAUSTED unless the pool can promise `needed` more bytes.
-    fn ensure_room(&self, what: &str, needed: u64) -> Result<()> {
-        let available = self.capacity()?.available_bytes;
-        if needed > available {
-            return Err(Error::ResourceExhausted(format!(
-                "{what} needs {needed} more bytes but pool {} can promise only {available}",
-                self.pool_dir.display()
-            )));
-        }
-        Ok(())
-    }
-
-    /// Bytes that the storage of `id` may still grow into (0 when it does not exist).
-    fn unallocated_bytes(&self, id: &VolumeId) -> Result<u64> {
-        Ok(match self.status(id)? {
-            StorageStatus::Present {
-                size_bytes,
-                allocated_bytes,
-            } => size_bytes.saturating_sub(allocated_bytes),
-            StorageStatus::Missing => 0,
-        })
-    }
-
-    /// Bytes that existing volumes may still grow into.
-    fn promised_bytes(&self) -> Result<u64> {
-        let mut promised = 0u64;
-        for id in self.list()? {
-            promised = promised.saturating_add(self.unallocated_bytes(&id)?);
-        }
-        Ok(promised)
-    }
 }
 
 impl Backend for LoopBackend {
@@ -251,31 +305,45 @@ impl Backend for LoopBackend {
     }
 
     fn create(&self, id: &VolumeId, size_bytes: u64, _record: &VolumeRecord) -> Result<()> {
-        let _allocating = self.allocation.lock().unwrap_or_else(|p| p.into_inner());
         let path = self.backing_file(id);
-        let existing = self.unallocated_bytes(id)?;
-        let capacity = self.capacity()?;
-        let available = capacity.available_bytes.saturating_add(existing);
-        if size_bytes > available {
-            return Err(Error::ResourceExhausted(format!(
-                "volume {id} needs {size_bytes} bytes but pool {} can promise only {available}",
-                self.pool_dir.display()
-            )));
-        }
-        let file = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&path)
-            .map_err(|e| Error::io("create backing file", &path, e))?;
-        let sized = file
-            .set_len(size_bytes)
-            .map_err(|e| Error::io("size backing file", &path, e))
-            .and_then(|()| file.sync_all().map_err(|e| Error::io("fsync", &path, e)))
+        // Check, create and size under the lock; make it durable after it (the volume's
+        // own lock keeps other operations on `id` out meanwhile).
+        let file = {
+            let mut tally = self.tally();
+            // Storage an interrupted attempt left is replaced: only the growth counts.
+            self.ensure_room(&mut tally, &format!("volume {id}"), |t| {
+                size_bytes.saturating_sub(t.get(id).map_or(0, |h| h.size_bytes))
+            })?;
+            let file = OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .open(&path)
+                .map_err(|e| Error::io("create backing file", &path, e))?;
+            if let Err(e) = file
+                .set_len(size_bytes)
+                .map_err(|e| Error::io("size backing file", &path, e))
+            {
+                drop(file);
+                let _ = fs::remove_file(&path);
+                let _ = self.remeasure(&mut tally, id);
+                return Err(e);
+            }
+            let held = file.metadata().map_or(0, |m| {
+                use std::os::unix::fs::MetadataExt;
+                m.blocks().saturating_mul(512)
+            });
+            tally.set(id.clone(), Holding::new(size_bytes, held));
+            file
+        };
+        let durable = file
+            .sync_all()
+            .map_err(|e| Error::io("fsync", &path, e))
             .and_then(|()| sync_dir(&self.pool_dir));
-        if let Err(e) = sized {
+        if let Err(e) = durable {
             drop(file);
             let _ = fs::remove_file(&path);
+            self.tally().remove(id);
             return Err(e);
         }
         Ok(())
@@ -289,9 +357,17 @@ impl Backend for LoopBackend {
                 device.path.display()
             )));
         }
+        // The tally keeps the volume's promise until the file is gone: a concurrent
+        // create sees too little room for a moment, never too much.
         match fs::remove_file(&path) {
-            Ok(()) => sync_dir(&self.pool_dir),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+            Ok(()) => {
+                self.tally().remove(id);
+                sync_dir(&self.pool_dir)
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                self.tally().remove(id);
+                Ok(())
+            }
             Err(e) => Err(Error::io("remove backing file", &path, e)),
         }
     }
@@ -309,10 +385,13 @@ impl Backend for LoopBackend {
     }
 
     fn capacity(&self) -> Result<PoolCapacity> {
+        let mut tally = self.tally();
+        if tally.older_than(tally::RECOUNT_AFTER) {
+            *tally = self.recount()?;
+        }
         let usage = statfs::usage(&self.pool_dir)?;
-        let promised = self.promised_bytes()?;
         Ok(PoolCapacity {
-            available_bytes: usage.available_bytes.saturating_sub(promised),
+            available_bytes: tally.available(usage.available_bytes, self.overprovision_ratio),
             total_bytes: usage.total_bytes,
         })
     }
@@ -324,7 +403,7 @@ impl Backend for LoopBackend {
         size_bytes: u64,
         _record: &VolumeRecord,
     ) -> Result<()> {
-        let _allocating = self.allocation.lock().unwrap_or_else(|p| p.into_inner());
+        let mut tally = self.tally();
         let src = match source {
             Source::Snapshot(s) => self.snapshot_file(s),
             Source::Volume(v) => self.backing_file(v),
@@ -348,15 +427,17 @@ impl Backend for LoopBackend {
         // The copy may grow into its whole size; what it shares with the source is
         // already allocated (reflink) or will be copied (sparse copy).
         let dst = self.backing_file(id);
-        let existing = self.unallocated_bytes(id)?;
-        let needed = size_bytes.saturating_sub(existing);
-        self.ensure_room(&format!("volume {id}"), needed)?;
-        self.copy_into(&src, &dst, Some(size_bytes))?;
+        self.ensure_room(&mut tally, &format!("volume {id}"), |t| {
+            size_bytes.saturating_sub(t.get(id).map_or(0, |h| h.size_bytes))
+        })?;
+        let copied = self.copy_into(&src, &dst, Some(size_bytes));
+        self.remeasure(&mut tally, id)?;
+        copied?;
         sync_dir(&self.pool_dir)
     }
 
     fn expand(&self, id: &VolumeId, size_bytes: u64) -> Result<()> {
-        let _allocating = self.allocation.lock().unwrap_or_else(|p| p.into_inner());
+        let mut tally = self.tally();
         let path = self.backing_file(id);
         let current = match self.status(id)? {
             StorageStatus::Present { size_bytes, .. } => size_bytes,
@@ -370,13 +451,20 @@ impl Backend for LoopBackend {
         if size_bytes <= current {
             return Ok(());
         }
-        self.ensure_room(&format!("growing volume {id}"), size_bytes - current)?;
+        self.remeasure(&mut tally, id)?;
+        self.ensure_room(&mut tally, &format!("growing volume {id}"), |t| {
+            size_bytes.saturating_sub(t.get(id).map_or(current, |h| h.size_bytes))
+        })?;
         let file = OpenOptions::new()
             .write(true)
             .open(&path)
             .map_err(|e| Error::io("open backing file", &path, e))?;
-        file.set_len(size_bytes)
-            .map_err(|e| Error::io("grow backing file", &path, e))?;
+        let grown = file
+            .set_len(size_bytes)
+            .map_err(|e| Error::io("grow backing file", &path, e));
+        self.remeasure(&mut tally, id)?;
+        grown?;
+        drop(tally);
         file.sync_all().map_err(|e| Error::io("fsync", &path, e))
     }
 
@@ -396,14 +484,14 @@ impl Backend for LoopBackend {
         let dir = self.pool_dir.join(SNAPSHOT_DIR);
         fs::create_dir_all(&dir).map_err(|e| Error::io("create directory", &dir, e))?;
         let dst = self.snapshot_file(snapshot);
-        let _allocating = self.allocation.lock().unwrap_or_else(|p| p.into_inner());
+        let mut tally = self.tally();
         if !self.reflinks {
             // The copy takes as much space as the source holds: it must not eat into what
             // the pool promised to volumes.
-            self.ensure_room(
-                &format!("snapshot {snapshot}"),
-                statfs::allocated_bytes(&src)?,
-            )?;
+            let copied_bytes = statfs::allocated_bytes(&src)?;
+            self.ensure_room(&mut tally, &format!("snapshot {snapshot}"), |_| {
+                copied_bytes
+            })?;
         }
         self.copy_into(&src, &dst, None)?;
         sync_dir(&dir)?;
@@ -431,6 +519,17 @@ impl Backend for LoopBackend {
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(StorageStatus::Missing),
             Err(e) => Err(Error::io("stat snapshot file", &path, e)),
         }
+    }
+
+    fn growth_room(&self, id: &VolumeId) -> Result<Option<(u64, u64)>> {
+        let path = self.backing_file(id);
+        let holding = tally::measure_file(&path)?.ok_or_else(|| {
+            Error::NotFound(format!(
+                "volume {id} has no backing file {}",
+                path.display()
+            ))
+        })?;
+        Ok(Some((holding.unheld_bytes(), self.free_bytes()?)))
     }
 
     fn source_path(&self, id: &VolumeId) -> PathBuf {

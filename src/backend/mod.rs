@@ -7,6 +7,7 @@
 
 pub mod loopfile;
 pub mod lvm;
+pub mod tally;
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -214,6 +215,16 @@ pub trait Backend: Send + Sync + fmt::Debug {
     /// # Errors
     /// `Io` when it cannot be inspected.
     fn snapshot_status(&self, snapshot: &SnapshotId) -> Result<StorageStatus>;
+
+    /// How many bytes the storage of `id` may still grow into, and how many its pool has
+    /// free for that: when the second is smaller, a writer inside the volume may get
+    /// ENOSPC. `None` for storage that never grows on write (fully allocated).
+    ///
+    /// # Errors
+    /// `NotFound` when it has no storage; `Io` when it cannot be measured.
+    fn growth_room(&self, _id: &VolumeId) -> Result<Option<(u64, u64)>> {
+        Ok(None)
+    }
 
     /// Ids of all volumes whose storage exists.
     ///

@@ -3,7 +3,10 @@
 //! The path must be shown to be this volume's before anything is reported: a filesystem on
 //! one of the volume's devices, or a block device node that is one of them. The condition
 //! turns abnormal when the storage (backing file, logical volume) was deleted or the
-//! device was detached behind the driver's back.
+//! device was detached behind the driver's back. The condition is also
+//! abnormal when the pool has less space free than the volume's sparse file may still
+//! grow into (a full or overprovisioned pool): writes inside the volume that need new
+//! space then fail with ENOSPC.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -64,7 +67,7 @@ pub(super) async fn volume_stats(
                     "the storage of volume {id} ({}) is gone",
                     backend.source_path(&id).display()
                 )),
-                StorageStatus::Present { .. } => None,
+                StorageStatus::Present { .. } => growth_problem(backend.growth_room(&id), &id),
             };
             if loopdev::is_block_device(&path) {
                 block_stats(&id, &path, &devices, backing_problem, recorded)
@@ -73,6 +76,18 @@ pub(super) async fn volume_stats(
             }
         })
         .await
+}
+
+/// Why volume `id` cannot grow into its full size, if it cannot.
+fn growth_problem(room: Result<Option<(u64, u64)>>, id: &VolumeId) -> Option<String> {
+    match room {
+        Ok(Some((unwritten, free))) if free < unwritten => Some(format!(
+            "the pool has {free} bytes free but volume {id} may still grow by {unwritten}: \
+             writes inside it that need new space fail with ENOSPC (pool full or overprovisioned)"
+        )),
+        Ok(_) => None,
+        Err(e) => Some(format!("cannot measure the storage of volume {id}: {e}")),
+    }
 }
 
 fn block_stats(

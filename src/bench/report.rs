@@ -124,7 +124,7 @@ impl CallSummary {
             p90_ms: ms(percentile(&sorted, 90)),
             p99_ms: ms(percentile(&sorted, 99)),
             max_ms: ms(sorted.last().copied().unwrap_or(0)),
-            mean_ms: if count == 0 { 0.0 } else { ms(total / count) },
+            mean_ms: ms(total.checked_div(count).unwrap_or(0)),
         }
     }
 }

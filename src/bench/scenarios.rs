@@ -827,7 +827,7 @@ pub async fn run(bench: &Arc<Bench>) -> Vec<RunReport> {
 /// The snapshot scenario: one volume published and filled with `--data` bytes, then
 /// snapshot, restore, delete both, `--count` times.
 async fn snapshot_run(bench: &Arc<Bench>) -> RunReport {
-    let rec = Arc::new(Recorder::default());
+    let setup_rec = Arc::new(Recorder::default());
     let setup = async {
         let fs = bench
             .args
@@ -836,10 +836,10 @@ async fn snapshot_run(bench: &Arc<Bench>) -> RunReport {
             .cloned()
             .unwrap_or_else(|| "ext4".into());
         let cap = mount_capability(&fs);
-        let (staging, target) = bench.iteration_paths(&rec, "snapshot-source")?;
+        let (staging, target) = bench.iteration_paths(&setup_rec, "snapshot-source")?;
         let id = bench
             .create_volume(
-                &rec,
+                &setup_rec,
                 format!("{}-snapshot-source", bench.prefix),
                 cap.clone(),
                 None,
@@ -847,7 +847,7 @@ async fn snapshot_run(bench: &Arc<Bench>) -> RunReport {
             .await?;
         bench
             .call(
-                &rec,
+                &setup_rec,
                 "NodeStageVolume",
                 bench
                     .clients
@@ -864,7 +864,7 @@ async fn snapshot_run(bench: &Arc<Bench>) -> RunReport {
         bench.resources.add_staged(&id, staging.clone());
         bench
             .call(
-                &rec,
+                &setup_rec,
                 "NodePublishVolume",
                 bench
                     .clients
@@ -881,7 +881,7 @@ async fn snapshot_run(bench: &Arc<Bench>) -> RunReport {
             .await?;
         bench.resources.add_published(&id, target.clone());
         if let Err(e) = Bench::fill(target.clone(), bench.args.data).await {
-            rec.error(
+            setup_rec.error(
                 "fill",
                 "IO",
                 &format!(
@@ -901,7 +901,7 @@ async fn snapshot_run(bench: &Arc<Bench>) -> RunReport {
                 "setup failed".into(),
                 "rounds",
                 0,
-                rec,
+                setup_rec,
                 |_, _, _| async { Err(Failed) },
             )
             .await;
@@ -909,19 +909,20 @@ async fn snapshot_run(bench: &Arc<Bench>) -> RunReport {
         return run;
     };
     let source = Arc::new(id.clone());
-    let run = bench
+    let mut run = bench
         .measure(
             "snapshot",
             format!("data_bytes={}", bench.args.data),
             "snapshot+restore rounds",
             0,
-            Arc::clone(&rec),
+            Arc::new(Recorder::default()),
             move |b, rec, i| {
                 let source = Arc::clone(&source);
                 async move { b.snapshot_and_restore(&rec, &source, i).await }
             },
         )
         .await;
+    add_setup(&mut run, &setup_rec);
     // Tear the source down here so that its calls are not mistaken for clean-up trouble.
     let teardown = Recorder::default();
     if bench.unpublish(&teardown, &id, &target).await.is_ok()

@@ -143,8 +143,9 @@ fio_pid=$pid
 staging=$work/fio-staging target=$work/fio-target
 id=$("$tools" up "$endpoint" fio-volume 2G ext4 "$staging" "$target")
 mkdir -p "$base/loop-pool/fio-direct"
-fio_job() { # NAME DIR RW BS
-  fio --name="$1" --directory="$2" --rw="$3" --bs="$4" --size=512M --direct=1 \
+# fio_job NAME DIR RW BS: one 10 s job on DIR/fio.dat (512 MiB); prints KiB/s.
+fio_job() {
+  fio --name="$1" --filename="$2/fio.dat" --rw="$3" --bs="$4" --size=512M --direct=1 \
     --ioengine=libaio --iodepth=16 --runtime=10 --time_based --group_reporting \
     --output-format=json >"$out/fio-$1.json"
   python3 -c "
@@ -152,14 +153,32 @@ import json,sys
 j=json.load(open(sys.argv[1]))['jobs'][0]
 print(j['read']['bw'] + j['write']['bw'])" "$out/fio-$1.json"
 }
+# First touch: random writes into a new file (fio allocates it with fallocate): on the
+# volume they also allocate the sparse backing file underneath.
+for r in $(seq "$REPEAT"); do
+  rm -f "$target/fio.dat" "$base/loop-pool/fio-direct/fio.dat"
+  echo "$(fio_job "firsttouch-volume-$r" "$target" randwrite 4k) $(fio_job "firsttouch-pool-$r" "$base/loop-pool/fio-direct" randwrite 4k)"
+done >"$out/fio-firsttouch.txt"
+vol=$(awk '{print $1}' "$out/fio-firsttouch.txt" | median)
+pool=$(awk '{print $2}' "$out/fio-firsttouch.txt" | median)
+echo "fio randwrite bs=4k into a new file (first touch): volume $vol KiB/s, pool $pool KiB/s, ratio $(echo "scale=3; $vol / $pool" | bc)"
+# Steady state: the file is written in full first, then every job runs over it.
+for dir in "$target" "$base/loop-pool/fio-direct"; do
+  rm -f "$dir/fio.dat"
+  fio --name=layout --filename="$dir/fio.dat" --rw=write --bs=1M --size=512M --direct=1 \
+    --fallocate=none --output-format=terse >/dev/null
+done
 for job in "seqwrite write 1M" "seqread read 1M" "randwrite randwrite 4k" "randread randread 4k"; do
   set -- $job
   name=$1 rw=$2 bs=$3
-  vol=$(for r in $(seq "$REPEAT"); do fio_job "$name-volume-$r" "$target" "$rw" "$bs"; done | median)
-  pool=$(for r in $(seq "$REPEAT"); do fio_job "$name-pool-$r" "$base/loop-pool/fio-direct" "$rw" "$bs"; done | median)
-  echo "fio $name bs=$bs: volume $vol KiB/s, pool $pool KiB/s, ratio $(echo "scale=3; $vol / $pool" | bc)"
-  rm -f "$target"/*.0.0 "$base/loop-pool/fio-direct"/*.0.0
+  for r in $(seq "$REPEAT"); do
+    echo "$(fio_job "$name-volume-$r" "$target" "$rw" "$bs") $(fio_job "$name-pool-$r" "$base/loop-pool/fio-direct" "$rw" "$bs")"
+  done >"$out/fio-$name.txt"
+  vol=$(awk '{print $1}' "$out/fio-$name.txt" | median)
+  pool=$(awk '{print $2}' "$out/fio-$name.txt" | median)
+  echo "fio $name bs=$bs (written file): volume $vol KiB/s, pool $pool KiB/s, ratio $(echo "scale=3; $vol / $pool" | bc)"
 done
+rm -f "$target/fio.dat"
 rm -rf "$base/loop-pool/fio-direct"
 "$tools" down "$endpoint" "$id" "$staging" "$target"
 stop_driver "$fio_pid"

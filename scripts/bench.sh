@@ -92,19 +92,48 @@ echo "RSS with 1000 volumes: $(rss_kib "$loop_pid") KiB"
 "$tools" drain "$endpoint" rss 1000
 
 # --- create-delete ----------------------------------------------------------------------
-for spec in "1 0 500" "16 0 4000" "16 1000 4000"; do
-  set -- $spec
-  c=$1 existing=$2 n=$3
+# cd_runs LABEL: every spec once per repeat, interleaved, so that drift in the machine's
+# load spreads over all of them alike; then one line per spec.
+cd_specs=("1 0 500" "16 0 4000" "1 1000 500" "16 1000 4000")
+cd_runs() {
+  local label=$1 spec c existing n r
   for r in $(seq "$REPEAT"); do
-    bench create-delete -n "$n" -c "$c" --existing "$existing" --size 16M >"$out/cd-c$c-e$existing-$r.json"
+    for spec in "${cd_specs[@]}"; do
+      set -- $spec
+      bench create-delete -n "$3" -c "$1" --existing "$2" --size 16M >"$out/cd-$label-c$1-e$2-$r.json"
+    done
   done
-  rates=$(for r in $(seq "$REPEAT"); do field "$out/cd-c$c-e$existing-$r.json" 0 iterations_per_second; done | median)
-  cp50=$(for r in $(seq "$REPEAT"); do field "$out/cd-c$c-e$existing-$r.json" 0 call:CreateVolume:p50_ms; done | median)
-  dp50=$(for r in $(seq "$REPEAT"); do field "$out/cd-c$c-e$existing-$r.json" 0 call:DeleteVolume:p50_ms; done | median)
-  cp99=$(for r in $(seq "$REPEAT"); do field "$out/cd-c$c-e$existing-$r.json" 0 call:CreateVolume:p99_ms; done | median)
-  errors=$(for r in $(seq "$REPEAT"); do field "$out/cd-c$c-e$existing-$r.json" 0 errors; done | paste -sd+ | bc)
-  echo "create-delete c=$c existing=$existing n=$n: $rates pairs/s, CreateVolume p50 $cp50 ms p99 $cp99 ms, DeleteVolume p50 $dp50 ms, errors $errors"
-done
+  for spec in "${cd_specs[@]}"; do
+    set -- $spec
+    c=$1 existing=$2 n=$3
+    local files=() rates cp50 dp50 cp99 errors spread
+    for r in $(seq "$REPEAT"); do files+=("$out/cd-$label-c$c-e$existing-$r.json"); done
+    rates=$(for f in "${files[@]}"; do field "$f" 0 iterations_per_second; done | median)
+    spread=$(for f in "${files[@]}"; do printf '%.0f ' "$(field "$f" 0 iterations_per_second)"; done)
+    cp50=$(for f in "${files[@]}"; do field "$f" 0 call:CreateVolume:p50_ms; done | median)
+    dp50=$(for f in "${files[@]}"; do field "$f" 0 call:DeleteVolume:p50_ms; done | median)
+    cp99=$(for f in "${files[@]}"; do field "$f" 0 call:CreateVolume:p99_ms; done | median)
+    errors=$(for f in "${files[@]}"; do field "$f" 0 errors; done | paste -sd+ | bc)
+    printf '%s create-delete c=%s existing=%s n=%s: %.0f pairs/s (runs: %s), CreateVolume p50 %s ms p99 %s ms, DeleteVolume p50 %s ms, errors %s\n' \
+      "$label" "$c" "$existing" "$n" "$rates" "$spread" "$cp50" "$cp99" "$dp50" "$errors"
+  done
+}
+cd_runs disk
+stop_driver "$loop_pid"
+# The same on tmpfs, where fsync costs nothing: the driver's own cost per operation.
+rm -rf /dev/shm/ferrovol-bench-state /dev/shm/ferrovol-bench-pool
+endpoint=unix://$base/tmpfs.sock
+RUST_LOG=warn "$ferrovol" --endpoint "$endpoint" --node-id bench-node \
+  --state-dir /dev/shm/ferrovol-bench-state --pool-dir /dev/shm/ferrovol-bench-pool \
+  --path-root "$work" --metrics-address off >"$out/tmpfs-driver.log" 2>&1 &
+tmpfs_pid=$!
+pids+=("$tmpfs_pid")
+for _ in $(seq 100); do [ -S "$base/tmpfs.sock" ] && break; sleep 0.05; done
+cd_runs tmpfs
+stop_driver "$tmpfs_pid"
+rm -rf /dev/shm/ferrovol-bench-state /dev/shm/ferrovol-bench-pool
+start_driver loop "$base/loop-pool"
+loop_pid=$pid
 
 # --- node cycle against the floor ----------------------------------------------------------
 for fs in ext4 xfs block; do

@@ -35,7 +35,10 @@ mkdir -p "$work"
 pids=()
 xfs_image=$base/xfs-pool.img
 xfs_pool=$base/xfs-pool
+fio_id=
 cleanup() {
+  # A volume left published for fio goes first, while its driver still runs.
+  if [ -n "$fio_id" ]; then "$tools" down "$endpoint" "$fio_id" "$staging" "$target" || true; fi
   for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null && wait "$pid" 2>/dev/null || true; done
   if mountpoint -q "$xfs_pool" 2>/dev/null; then umount "$xfs_pool" || true; fi
 }
@@ -170,7 +173,7 @@ rm -f "$xfs_image"
 start_driver fio "$base/loop-pool"
 fio_pid=$pid
 staging=$work/fio-staging target=$work/fio-target
-id=$("$tools" up "$endpoint" fio-volume 2G ext4 "$staging" "$target")
+fio_id=$("$tools" up "$endpoint" fio-volume 2G ext4 "$staging" "$target")
 mkdir -p "$base/loop-pool/fio-direct"
 # fio_job NAME DIR RW BS: one 10 s job on DIR/fio.dat (512 MiB); prints KiB/s.
 fio_job() {
@@ -209,6 +212,7 @@ for job in "seqwrite write 1M" "seqread read 1M" "randwrite randwrite 4k" "randr
 done
 rm -f "$target/fio.dat"
 rm -rf "$base/loop-pool/fio-direct"
-"$tools" down "$endpoint" "$id" "$staging" "$target"
+"$tools" down "$endpoint" "$fio_id" "$staging" "$target"
+fio_id=
 stop_driver "$fio_pid"
 echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"

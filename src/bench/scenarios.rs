@@ -737,11 +737,10 @@ pub async fn run(bench: &Arc<Bench>) -> Vec<RunReport> {
     let mut runs = Vec::new();
     match bench.args.scenario {
         Scenario::CreateDelete => {
+            let setup = Arc::new(Recorder::default());
+            let pre = bench.make_existing(&setup).await.len() as u64;
             let rec = Arc::new(Recorder::default());
-            let existing = bench.make_existing(&rec).await;
-            let pre = existing.len() as u64;
-            // Setup errors are counted in the run's recorder too.
-            let run = bench
+            let mut run = bench
                 .measure(
                     "create-delete",
                     String::new(),
@@ -751,6 +750,7 @@ pub async fn run(bench: &Arc<Bench>) -> Vec<RunReport> {
                     |b, rec, i| async move { b.create_delete(&rec, i).await },
                 )
                 .await;
+            add_setup(&mut run, &setup);
             runs.push(run);
         }
         Scenario::NodeCycle => {
@@ -777,12 +777,12 @@ pub async fn run(bench: &Arc<Bench>) -> Vec<RunReport> {
         }
         Scenario::Snapshot => runs.push(snapshot_run(bench).await),
         Scenario::Mixed => {
+            let setup = Arc::new(Recorder::default());
+            let pre = bench.make_existing(&setup).await.len() as u64;
             let rec = Arc::new(Recorder::default());
-            let existing = bench.make_existing(&rec).await;
-            let pre = existing.len() as u64;
             let base = bench
                 .create_volume(
-                    &rec,
+                    &setup,
                     format!("{}-mixed-base", bench.prefix),
                     mount_capability("ext4"),
                     None,
@@ -790,7 +790,7 @@ pub async fn run(bench: &Arc<Bench>) -> Vec<RunReport> {
                 .await
                 .ok();
             let base = Arc::new(base);
-            let run = bench
+            let mut run = bench
                 .measure(
                     "mixed",
                     String::new(),
@@ -818,10 +818,23 @@ pub async fn run(bench: &Arc<Bench>) -> Vec<RunReport> {
                     },
                 )
                 .await;
+            add_setup(&mut run, &setup);
             runs.push(run);
         }
     }
     runs
+}
+
+/// Adds the failures of a run's unmeasured setup (volumes made beforehand) to its report.
+fn add_setup(run: &mut RunReport, setup: &Recorder) {
+    let errors = setup.error_count();
+    if errors > 0 {
+        run.errors += errors;
+        run.calls.extend(setup.summary().into_iter().map(|mut c| {
+            c.call = format!("setup {}", c.call);
+            c
+        }));
+    }
 }
 
 /// The snapshot scenario: one volume published and filled with `--data` bytes, then

@@ -277,10 +277,14 @@ pub enum PoolFs {
     XfsReflink,
     /// ext4: no reflinks, so the driver must fall back to a sparse-aware copy.
     Ext4,
+    /// A small ext4 ([`SMALL_POOL_FS_BYTES`]), cheap to fill up.
+    SmallExt4,
 }
 
 /// Size of the (sparse) image file that holds a harness-made pool filesystem.
 const POOL_FS_BYTES: u64 = 1 << 30;
+/// Size of the image of a [`PoolFs::SmallExt4`] pool.
+pub const SMALL_POOL_FS_BYTES: u64 = 128 << 20;
 
 /// Runs a host tool a test needs, panicking with its stderr when it fails; returns its
 /// standard output, trimmed.
@@ -302,7 +306,13 @@ pub fn run_tool<A: AsRef<std::ffi::OsStr> + std::fmt::Debug>(program: &str, args
 /// `mount_point` with `mount -o loop`.
 pub fn make_pool_fs(image: &Path, mount_point: &Path, kind: PoolFs) {
     File::create(image)
-        .and_then(|f| f.set_len(POOL_FS_BYTES))
+        .and_then(|f| {
+            f.set_len(if kind == PoolFs::SmallExt4 {
+                SMALL_POOL_FS_BYTES
+            } else {
+                POOL_FS_BYTES
+            })
+        })
         .unwrap_or_else(|e| panic!("create the pool image {}: {e}", image.display()));
     match kind {
         PoolFs::XfsReflink => run_tool(
@@ -314,7 +324,7 @@ pub fn make_pool_fs(image: &Path, mount_point: &Path, kind: PoolFs) {
                 image.as_os_str(),
             ],
         ),
-        PoolFs::Ext4 => run_tool(
+        PoolFs::Ext4 | PoolFs::SmallExt4 => run_tool(
             "mkfs.ext4",
             &["-q".as_ref(), "-F".as_ref(), image.as_os_str()],
         ),

@@ -27,7 +27,9 @@
 //! every crash point of the driver, restart, retry; needs `--features crash-points`),
 //! `stress` (overlapping calls from many clients, seeded), `hostile` (malformed and
 //! hostile input to every RPC), `malformed` (undecodable bytes to every method), `exposure` (socket owner,
-//! group and who may connect; no request data in `/metrics`).
+//! group and who may connect; no request data in `/metrics`), `full_pool`
+//! (RESOURCE_EXHAUSTED, overprovisioning, ENOSPC inside a volume), `bench` (`ferrovol
+//! bench` against a test driver: its report's counts and its clean-up).
 
 mod content;
 mod harness;
@@ -35,6 +37,7 @@ mod host;
 mod lvm_vg;
 mod requests;
 
+mod bench;
 mod concurrency;
 mod controller;
 mod crash;
@@ -43,6 +46,7 @@ mod data;
 mod expand;
 mod exposure;
 mod hostile;
+mod full_pool;
 mod identity;
 mod kubectl_walk;
 mod lifecycle;

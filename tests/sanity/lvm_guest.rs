@@ -98,6 +98,14 @@ pub const HOST_ONLY: &[(&str, &str)] = &[
         "exposure",
         "socket owner, group and mode, and the metrics labels",
     ),
+    (
+        "full_pool",
+        "a loop pool filesystem filled up (--overprovision-ratio, ENOSPC)",
+    ),
+    (
+        "bench",
+        "the load generator's counts and clean-up, checked against the loop pool",
+    ),
     ("lvm_guest", "this test, which boots the guest"),
 ];
 

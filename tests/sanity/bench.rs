@@ -264,3 +264,84 @@ async fn interrupted_bench_cleans_up_what_it_made() {
     );
     d.finish().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn snapshot_and_mixed_scenarios_run_clean() {
+    let d = Driver::start().await;
+    let work = d.root.join("bench-work");
+    fs::create_dir(&work).expect("make the work dir");
+    let work_text = work.display().to_string();
+    let out = bench(
+        &d,
+        &[
+            "snapshot",
+            "-n",
+            "3",
+            "-c",
+            "1",
+            "--size",
+            "32M",
+            "--data",
+            "4M",
+            "--work-dir",
+            &work_text,
+        ],
+    );
+    let r = report(&out);
+    assert!(out.status.success(), "exit {}: {r:#}", out.status);
+    assert_eq!(r["errors"], 0, "{r:#}");
+    let run = &r["runs"][0];
+    assert_eq!(run["completed"], 3, "{run:#}");
+    // The source volume's setup is not among the measured calls.
+    for rpc in [
+        "CreateSnapshot",
+        "CreateVolume",
+        "DeleteVolume",
+        "DeleteSnapshot",
+    ] {
+        assert_eq!(count(run, rpc), 3, "{rpc} in {run:#}");
+    }
+    assert_empty_dir(&work);
+    assert!(
+        driver_holdings(&d).is_empty(),
+        "left {:?}",
+        driver_holdings(&d)
+    );
+
+    let out = bench(
+        &d,
+        &[
+            "mixed",
+            "-n",
+            "20",
+            "-c",
+            "4",
+            "--size",
+            "32M",
+            "--existing",
+            "5",
+            "--work-dir",
+            &work_text,
+        ],
+    );
+    let r = report(&out);
+    assert!(out.status.success(), "exit {}: {r:#}", out.status);
+    assert_eq!(r["errors"], 0, "{r:#}");
+    let run = &r["runs"][0];
+    assert_eq!(run["completed"], 20, "{run:#}");
+    // Iterations 0-5, 10-15: pairs; 6, 7, 16, 17: capacity and listing; 8, 18: node
+    // cycles; 9, 19: snapshot rounds (each with one more CreateVolume and DeleteVolume).
+    assert_eq!(count(run, "GetCapacity"), 4, "{run:#}");
+    assert_eq!(count(run, "ListVolumes"), 4, "{run:#}");
+    assert_eq!(count(run, "NodeStageVolume"), 2, "{run:#}");
+    assert_eq!(count(run, "CreateSnapshot"), 2, "{run:#}");
+    assert_eq!(count(run, "CreateVolume"), 12 + 2 + 2, "{run:#}");
+    assert_empty_dir(&work);
+    assert!(
+        driver_holdings(&d).is_empty(),
+        "left {:?}",
+        driver_holdings(&d)
+    );
+    fs::remove_dir(&work).expect("remove the work dir");
+    d.finish().await;
+}

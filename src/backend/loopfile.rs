@@ -293,6 +293,15 @@ impl Backend for LoopBackend {
             .map_err(|e| Error::sys("check write access to pool", &self.pool_dir, e))
     }
 
+    fn check_node(&self) -> Result<()> {
+        if !Path::new("/dev/loop-control").exists() {
+            return Err(Error::FailedPrecondition(
+                "/dev/loop-control is missing".into(),
+            ));
+        }
+        Ok(())
+    }
+
     fn check_parameter(&self, key: &str, _value: &str) -> Result<()> {
         Err(Error::InvalidArgument(format!(
             "parameter {:?} is not known to the loop backend",

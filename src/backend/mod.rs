@@ -118,6 +118,15 @@ pub trait Backend: Send + Sync + fmt::Debug {
     /// Any error says why the pool is unusable.
     fn check(&self) -> Result<()>;
 
+    /// Checks what the node side needs beyond the pool (Probe of a process that serves
+    /// the Node service); by default nothing.
+    ///
+    /// # Errors
+    /// Any error says what the node lacks.
+    fn check_node(&self) -> Result<()> {
+        Ok(())
+    }
+
     /// Checks a StorageClass parameter that only this backend knows (the generic ones
     /// are checked by the services).
     ///

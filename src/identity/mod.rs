@@ -3,7 +3,6 @@
 //! Probe answers `ready=false` (not an error) while the pool or, on a node, the loop
 //! control device is unusable, so that liveness checks can tell "up but not ready".
 
-use std::path::Path;
 use std::sync::Arc;
 
 use tonic::{Request, Response, Status};
@@ -19,7 +18,7 @@ use crate::csi::v1::{
     GetPluginInfoResponse, PluginCapability, ProbeRequest, ProbeResponse,
 };
 use crate::driver::Driver;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::rpc::{self, Subject};
 
 /// Serves the CSI Identity service.
@@ -41,15 +40,12 @@ impl IdentityService {
     /// The first problem found.
     pub async fn readiness(&self) -> Result<()> {
         let backend = Arc::clone(&self.driver.backend);
-        let needs_loop =
-            self.driver.config.mode != Mode::Controller && self.driver.backend.kind() == "loop";
+        let serves_node = self.driver.config.mode != Mode::Controller;
         self.driver
             .blocking(move || {
                 backend.check()?;
-                if needs_loop && !Path::new("/dev/loop-control").exists() {
-                    return Err(Error::FailedPrecondition(
-                        "/dev/loop-control is missing".into(),
-                    ));
+                if serves_node {
+                    backend.check_node()?;
                 }
                 Ok(())
             })

@@ -38,7 +38,11 @@ pub fn run(program: &str, args: &[String], timeout: Duration) -> Result<Output> 
                 let _ = child.wait();
                 return Err(Error::Timeout(format!("{program} {}", args.join(" "))));
             }
-            Err(e) => return Err(Error::io("wait for", program, e)),
+            Err(e) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(Error::io("wait for", program, e));
+            }
         },
         stdout: stdout.join().unwrap_or_default(),
         stderr: stderr.join().unwrap_or_default(),

@@ -490,13 +490,15 @@ impl Backend for LvmBackend {
     }
 
     fn source_path(&self, id: &VolumeId) -> PathBuf {
-        let vg = self
+        // For messages only: the LV may live in another class's VG.
+        match self
             .config
             .default_class()
-            .unwrap_or(&self.config.device_classes[0])
-            .volume_group
-            .as_str();
-        PathBuf::from(format!("/dev/{vg}/{id}"))
+            .or(self.config.device_classes.first())
+        {
+            Some(class) => PathBuf::from(format!("/dev/{}/{id}", class.volume_group)),
+            None => PathBuf::from(id.as_str()),
+        }
     }
 
     fn create_from(
